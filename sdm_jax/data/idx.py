@@ -1,0 +1,485 @@
+"""Reading MNIST and Fashion-MNIST from their IDX `.gz` files, with checksums.
+
+Finding the files (`resolve_dataset_dir`) is kept separate from reading them
+(`read_idx`, `load_idx_dataset`). `load_dataset` puts the two together and falls
+back to TensorFlow Datasets when that optional package is installed. Nothing is
+cached: every call reads the files again, so callers decide what to keep.
+
+Synopsis::
+
+    from sdm_jax.data import idx
+
+    ds = idx.load_dataset('mnist')       # the copy embedded in the package
+    ds['train_images'].shape, ds['train_images'].dtype   # (60000, 28, 28) uint8
+    ds['train_labels'][:5]                               # [5 0 4 1 9]
+    ds = idx.load_dataset('fashion_mnist', data_dir='/path/to/fashion_mnist')
+
+The search order for the four files is: `data_dir`, then `$SDM_JAX_DATA_DIR`
+(each as DIR itself or DIR/<name>), then the MNIST copy shipped in
+`sdm_jax/data/mnist`, then Debian's `/usr/share/datasets/fashion-mnist` from
+`apt-get install dataset-fashion-mnist`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import os
+import pathlib
+import zlib
+from typing import Any, Optional, Union
+
+import numpy as np
+
+PathLike = Union[str, os.PathLike]
+
+ENV_VAR = 'SDM_JAX_DATA_DIR'
+"""Environment variable naming a folder that holds the IDX files."""
+
+FILES = {
+    'train_images': 'train-images-idx3-ubyte.gz',
+    'train_labels': 'train-labels-idx1-ubyte.gz',
+    'test_images': 't10k-images-idx3-ubyte.gz',
+    'test_labels': 't10k-labels-idx1-ubyte.gz',
+}
+"""Maps the keys of the dict `load_idx_dataset` returns to IDX file names."""
+
+EXPECTED_SHAPES = {
+    'train_images': (60000, 28, 28),
+    'train_labels': (60000,),
+    'test_images': (10000, 28, 28),
+    'test_labels': (10000,),
+}
+"""Shape of each array for MNIST and Fashion-MNIST alike."""
+
+CHECKSUMS: dict[str, dict[str, str]] = {
+    'mnist': {
+        'train-images-idx3-ubyte.gz':
+            '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
+        'train-labels-idx1-ubyte.gz':
+            '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
+        't10k-images-idx3-ubyte.gz':
+            '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
+        't10k-labels-idx1-ubyte.gz':
+            'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
+    },
+    'fashion_mnist': {
+        'train-images-idx3-ubyte.gz':
+            '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
+        'train-labels-idx1-ubyte.gz':
+            'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
+        't10k-images-idx3-ubyte.gz':
+            '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
+        't10k-labels-idx1-ubyte.gz':
+            '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5',
+    },
+}
+"""sha256 of each upstream `.gz` file (the values tensorflow-datasets lists)."""
+
+UNCOMPRESSED_CHECKSUMS: dict[str, dict[str, str]] = {
+    'mnist': {
+        'train-images-idx3-ubyte.gz':
+            'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db',
+        'train-labels-idx1-ubyte.gz':
+            '65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5',
+        't10k-images-idx3-ubyte.gz':
+            '0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7',
+        't10k-labels-idx1-ubyte.gz':
+            'ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2',
+    },
+    'fashion_mnist': {
+        'train-images-idx3-ubyte.gz':
+            'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
+        'train-labels-idx1-ubyte.gz':
+            'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
+        't10k-images-idx3-ubyte.gz':
+            '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
+        't10k-labels-idx1-ubyte.gz':
+            '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34',
+    },
+}
+"""sha256 of the bytes each `.gz` file decompresses to.
+
+This is the primary check. Repackaged copies (for example Debian's
+`/usr/share/datasets/fashion-mnist`) rewrite the gzip header, which changes
+the `.gz` sha256 but leaves these values unchanged.
+"""
+
+DEBIAN_DIRS: dict[str, pathlib.Path] = {
+    'fashion_mnist': pathlib.Path('/usr/share/datasets/fashion-mnist'),
+}
+"""Where Debian packages install a dataset's IDX files."""
+
+_HOW_TO_GET = {
+    'mnist': (
+        'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder holding the '
+        'four IDX .gz files of MNIST ({files}); the sdm_jax package ships them '
+        'in sdm_jax/data/mnist, so reinstalling it (pip install -e .) restores '
+        'a missing or damaged copy; with `pip install -e .[tfds]` TensorFlow '
+        'Datasets can be used instead'),
+    'fashion_mnist': (
+        'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder holding the '
+        'four IDX .gz files of Fashion-MNIST ({files}); on Debian `apt-get '
+        'install dataset-fashion-mnist` installs them to '
+        '/usr/share/datasets/fashion-mnist; upstream they are at '
+        'https://github.com/zalandoresearch/fashion-mnist; with '
+        '`pip install -e .[tfds]` TensorFlow Datasets can be used instead'),
+}
+
+_IDX_UBYTE = 0x08
+_IDX_MAGIC_NDIM = {0x00000801: 1, 0x00000803: 3}  # labels, images
+
+
+class DataError(ValueError):
+  """A dataset file is missing, damaged or not what it should be.
+
+  The message names the dataset, the file path(s) looked at, what is wrong
+  and how to get the files.
+  """
+
+
+def _how_to_get(name: str) -> str:
+  template = _HOW_TO_GET.get(
+      name, 'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder '
+      'holding the four IDX .gz files ({files})')
+  return 'To get the files: ' + template.format(files=', '.join(FILES.values()))
+
+
+def _check_name(name: str) -> None:
+  if name not in CHECKSUMS:
+    raise ValueError(
+        f'name must be one of {sorted(CHECKSUMS)} for IDX files, got {name!r}')
+
+
+def _sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _decompress(gz_bytes: bytes, path: pathlib.Path) -> bytes:
+  """Decompresses gzip bytes, turning every failure into a `DataError`."""
+  if gz_bytes[:2] != b'\x1f\x8b':
+    raise DataError(
+        f'{path} is not a gzip file (it starts with {gz_bytes[:4]!r}, '
+        'not the gzip magic 1f 8b)')
+  try:
+    return gzip.decompress(gz_bytes)
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(
+        f'{path} is a damaged gzip file ({type(e).__name__}: {e})') from e
+
+
+def _parse_idx(raw: bytes, path: pathlib.Path) -> np.ndarray:
+  """Parses uncompressed IDX bytes of unsigned bytes into an array."""
+  if len(raw) < 4:
+    raise DataError(f'{path} holds {len(raw)} bytes, too few for an IDX header')
+  magic = int.from_bytes(raw[:4], 'big')
+  if magic not in _IDX_MAGIC_NDIM:
+    dtype_byte = raw[2]
+    what = ('' if dtype_byte == _IDX_UBYTE else
+            f' (its type byte is 0x{dtype_byte:02x}, not 0x08 = unsigned byte)')
+    raise DataError(
+        f'{path} has bad IDX magic 0x{magic:08x}{what}; expected 0x00000803 '
+        '(uint8 images [N, rows, cols]) or 0x00000801 (uint8 labels [N])')
+  ndim = _IDX_MAGIC_NDIM[magic]
+  header = 4 + 4 * ndim
+  if len(raw) < header:
+    raise DataError(
+        f'{path} holds {len(raw)} bytes, too few for an IDX header of '
+        f'{header} bytes')
+  shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], 'big')
+                for i in range(ndim))
+  expected = header + int(np.prod(shape, dtype=np.int64))
+  if len(raw) != expected:
+    raise DataError(
+        f'{path} has the wrong size: its IDX header says shape {shape}, '
+        f'which needs {expected} bytes, but it holds {len(raw)} bytes')
+  return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy()
+
+
+def read_idx(path: PathLike) -> np.ndarray:
+  """Reads one gzip'd IDX file of unsigned bytes.
+
+  Args:
+    path: a `.gz` file holding IDX images (magic 0x00000803) or labels
+      (magic 0x00000801).
+
+  Returns:
+    A writable uint8 array: [N, rows, cols] for images, [N] for labels.
+
+  Raises:
+    DataError: the file is missing, not gzip, damaged, has a bad IDX magic
+      or type byte, or its size does not match its header.
+  """
+  path = pathlib.Path(path)
+  try:
+    gz_bytes = path.read_bytes()
+  except OSError as e:
+    raise DataError(f'cannot read IDX file {path}: {e}') from e
+  return _parse_idx(_decompress(gz_bytes, path), path)
+
+
+def _embedded_dir(name: str) -> Optional[pathlib.Path]:
+  """The copy shipped inside the package, if there is one for `name`."""
+  if name == 'mnist':
+    return pathlib.Path(__file__).parent / 'mnist'
+  return None
+
+
+def _candidate_dirs(
+    name: str, data_dir: Optional[PathLike]
+) -> tuple[list[tuple[pathlib.Path, str]], list[str]]:
+  """Lists (dir, origin) in search order, plus notes on sources not used."""
+  candidates: list[tuple[pathlib.Path, str]] = []
+  notes: list[str] = []
+  if data_dir is not None:
+    base = pathlib.Path(data_dir).expanduser()
+    # An explicit folder is a promise about where the data is: never fall back
+    # silently to another copy (that would hide a typo in --data_dir).
+    return [(base, 'data_dir'), (base / name, 'data_dir')], notes
+  env_value = os.environ.get(ENV_VAR, '')
+  if env_value:
+    base = pathlib.Path(env_value).expanduser()
+    candidates += [(base, f'${ENV_VAR}'), (base / name, f'${ENV_VAR}')]
+  else:
+    notes.append(f'${ENV_VAR} is not set')
+  embedded = _embedded_dir(name)
+  if embedded is not None:
+    candidates.append((embedded, 'copy shipped in the sdm_jax package'))
+  if name in DEBIAN_DIRS:
+    candidates.append((DEBIAN_DIRS[name], 'Debian package'))
+  return candidates, notes
+
+
+def resolve_dataset_dir(name: str, data_dir: Optional[PathLike] = None) -> pathlib.Path:
+  """Finds the folder that holds the four IDX `.gz` files of a dataset.
+
+  Looks at `data_dir` and `data_dir/name` only, if `data_dir` is given; otherwise at
+  `$SDM_JAX_DATA_DIR` and `$SDM_JAX_DATA_DIR/name`, then (MNIST only) at the
+  copy in `sdm_jax/data/mnist`, then (Fashion-MNIST only) at Debian's
+  `/usr/share/datasets/fashion-mnist`. Only checks that the files exist; see
+  `load_idx_dataset` for checking their contents.
+
+  Args:
+    name: 'mnist' or 'fashion_mnist'.
+    data_dir: optional folder given by the user.
+
+  Returns:
+    The first folder holding all four files.
+
+  Raises:
+    ValueError: `name` is not a known IDX dataset.
+    DataError: no folder holds all four files; the message lists every
+      place looked at and what was missing there.
+  """
+  _check_name(name)
+  candidates, notes = _candidate_dirs(name, data_dir)
+  looked = []
+  for directory, origin in candidates:
+    if not directory.is_dir():
+      looked.append(f'  {directory} ({origin}): does not exist')
+      continue
+    missing = [f for f in FILES.values() if not (directory / f).is_file()]
+    if not missing:
+      return directory
+    looked.append(f'  {directory} ({origin}): missing {", ".join(missing)}')
+  looked += [f'  {note}' for note in notes]
+  raise DataError(
+      f'Cannot find the IDX files of dataset {name!r}. Looked at:\n'
+      + '\n'.join(looked) + '\n' + _how_to_get(name))
+
+
+def _load_file(name: str, path: pathlib.Path, verify: bool) -> np.ndarray:
+  """Reads one file of a known dataset, checking it if `verify`."""
+  file_name = path.name
+  try:
+    gz_bytes = path.read_bytes()
+  except OSError as e:
+    raise DataError(f'cannot read {path}: {e}') from e
+  gz_sha = _sha256(gz_bytes)
+  expected_gz = CHECKSUMS[name][file_name]
+  expected_raw = UNCOMPRESSED_CHECKSUMS[name][file_name]
+  gz_ok = gz_sha == expected_gz
+
+  def mismatch(raw_sha: Optional[str]) -> str:
+    got = (f'{raw_sha} (uncompressed) and {gz_sha} (.gz)' if raw_sha
+           else f'{gz_sha} (.gz)')
+    return (f'checksum mismatch in {path}: expected sha256 {expected_raw} '
+            f'of the uncompressed bytes (or {expected_gz} of the .gz), '
+            f'got {got}')
+
+  try:
+    raw = _decompress(gz_bytes, path)
+  except DataError as e:
+    if verify:
+      raise DataError(f'{mismatch(None)}; moreover {e}') from e
+    raise
+  if verify and not gz_ok:
+    raw_sha = _sha256(raw)
+    if raw_sha != expected_raw:
+      raise DataError(mismatch(raw_sha))
+  return _parse_idx(raw, path)
+
+
+def load_idx_dataset(name: str, data_dir: Optional[PathLike] = None,
+                     verify: bool = True) -> dict[str, Any]:
+  """Loads MNIST or Fashion-MNIST from its four IDX `.gz` files.
+
+  A file passes the check when either the sha256 of its uncompressed bytes
+  or that of the `.gz` itself matches (see `UNCOMPRESSED_CHECKSUMS`).
+
+  Args:
+    name: 'mnist' or 'fashion_mnist'.
+    data_dir: optional folder; see `resolve_dataset_dir` for the search.
+    verify: check the sha256 of every file.
+
+  Returns:
+    A dict with 'train_images' uint8 [60000, 28, 28], 'train_labels' uint8
+    [60000], 'test_images' uint8 [10000, 28, 28], 'test_labels' uint8
+    [10000], and 'source', the folder read, as a str.
+
+  Raises:
+    ValueError: `name` is not a known IDX dataset.
+    DataError: the files are missing, damaged or of the wrong shape; the
+      message names the dataset, the file and how to get the files.
+  """
+  directory = resolve_dataset_dir(name, data_dir)
+  out: dict[str, Any] = {}
+  for key, file_name in FILES.items():
+    path = directory / file_name
+    try:
+      array = _load_file(name, path, verify)
+      if array.shape != EXPECTED_SHAPES[key]:
+        raise DataError(
+            f'{path} has the wrong shape: {array.shape}, expected '
+            f'{EXPECTED_SHAPES[key]}')
+    except DataError as e:
+      raise DataError(
+          f'Cannot load dataset {name!r}: {e}\n{_how_to_get(name)}') from e
+    out[key] = array
+  out['source'] = str(directory)
+  return out
+
+
+def _as_labels(labels: np.ndarray) -> np.ndarray:
+  """Casts labels to uint8 when they fit, else int32."""
+  labels = np.asarray(labels)
+  if labels.size == 0 or (labels.min() >= 0 and labels.max() <= 255):
+    return labels.astype(np.uint8)
+  return labels.astype(np.int32)
+
+
+def _stack_examples(source: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """Reads every example of a TFDS random-access data source."""
+  n = len(source)
+  examples = None
+  getitems = getattr(source, '__getitems__', None)
+  if callable(getitems):
+    try:  # Batched reads are much faster on real ArrayRecord files.
+      examples = list(getitems(list(range(n))))
+    except (TypeError, NotImplementedError):
+      examples = None  # e.g. under tfds.testing.mock_data.
+  if examples is None:
+    examples = [source[i] for i in range(n)]
+  if not examples:
+    raise DataError(f'TFDS split {split!r} is empty')
+  images = np.stack([np.asarray(ex['image']) for ex in examples])
+  labels = np.asarray([int(ex['label']) for ex in examples])
+  return images, labels
+
+
+def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None) -> dict[str, Any]:
+  """Loads a dataset through TensorFlow Datasets' `tfds.data_source`.
+
+  `tensorflow_datasets` is optional and only imported here. Images with a
+  single channel are squeezed to [N, H, W] (MNIST-like); others keep their
+  [N, H, W, C] layout.
+
+  Args:
+    name: a TFDS dataset name, e.g. 'mnist' or 'fashion_mnist'.
+    data_dir: optional TFDS data folder, passed to `tfds.data_source`.
+
+  Returns:
+    The same dict as `load_idx_dataset`, with 'source' set to
+    'tfds:<name>' (and the data folder, when given).
+
+  Raises:
+    DataError: tensorflow_datasets is not installed, or the data source
+      could not be built.
+  """
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise DataError(
+        f'Cannot load dataset {name!r} through TensorFlow Datasets: '
+        f'tensorflow_datasets is not installed ({e}). Install it with '
+        '`pip install -e .[tfds]`, or use the IDX files: '
+        + _how_to_get(name)) from e
+  out: dict[str, Any] = {}
+  for split in ('train', 'test'):
+    try:
+      source = tfds.data_source(
+          name, split=split,
+          data_dir=None if data_dir is None else os.fspath(data_dir))
+      images, labels = _stack_examples(source, split)
+    except DataError:
+      raise
+    except Exception as e:  # TFDS raises many kinds; report them as one.
+      raise DataError(
+          f'Cannot load split {split!r} of dataset {name!r} through '
+          f'TensorFlow Datasets (data_dir={data_dir}): '
+          f'{type(e).__name__}: {e}') from e
+    if images.ndim == 4 and images.shape[-1] == 1:
+      images = images[..., 0]
+    out[f'{split}_images'] = images
+    out[f'{split}_labels'] = _as_labels(labels)
+  out['source'] = f'tfds:{name}' + ('' if data_dir is None else f' ({data_dir})')
+  return out
+
+
+def _tfds_available() -> bool:
+  """Tells whether tensorflow_datasets can be imported, without importing it."""
+  try:
+    return importlib.util.find_spec('tensorflow_datasets') is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
+                 verify: bool = True) -> dict[str, Any]:
+  """Loads a dataset from IDX files, or through TFDS when they are absent.
+
+  For 'mnist' and 'fashion_mnist', the IDX files are used when
+  `resolve_dataset_dir` finds them. If no folder holds them and
+  tensorflow_datasets is installed, TFDS is tried. Damaged IDX files are
+  reported and never silently replaced by TFDS. Other names go straight to
+  TFDS.
+
+  Args:
+    name: dataset name.
+    data_dir: optional folder: IDX files as for `resolve_dataset_dir`, or a
+      TFDS data folder.
+    verify: check the sha256 of IDX files.
+
+  Returns:
+    The dict described in `load_idx_dataset`.
+
+  Raises:
+    DataError: the dataset could not be loaded; the message says why and
+      how to get it.
+  """
+  if name not in CHECKSUMS:
+    return load_tfds_dataset(name, data_dir)
+  try:
+    resolve_dataset_dir(name, data_dir)
+  except DataError as idx_error:
+    if not _tfds_available():
+      raise
+    try:
+      return load_tfds_dataset(name, data_dir)
+    except DataError as tfds_error:
+      raise DataError(
+          f'{idx_error}\nThe TensorFlow Datasets fallback failed too: '
+          f'{tfds_error}') from tfds_error
+  return load_idx_dataset(name, data_dir, verify=verify)
+

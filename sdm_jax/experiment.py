@@ -1,0 +1,328 @@
+"""Class-incremental continual learning from one config: validate, train, evaluate, write.
+
+Synopsis::
+
+    from experiments.configs import split_mnist
+    config = split_mnist.get_config("sdmlp,quick")
+    results = experiment.train_and_evaluate(config, "/tmp/run")
+    print(results["summary"]["final_accuracy_mean"])
+
+Outputs in `workdir` (DESIGN §3): `config.json`, `results.json` (per seed: the
+accuracy matrix `acc[after_task][on_task]`, the task-incremental matrix,
+final full-test accuracy, curves, dead-neuron fraction; the run's wall time)
+and `metrics.csv` (one row per seed per evaluation, for plotting).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import pathlib
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from sdm_jax import data as data_lib
+from sdm_jax import layers, metrics, models, optim, train
+
+DATASETS = {"mnist": 784, "fashion_mnist": 784}
+MODEL_KINDS = ("sdmlp", "relu", "topk")
+
+
+def _fail(field: str, message: str):
+  raise ValueError(f"config.{field}: {message}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the offending field. Runs before anything compiles."""
+  if config.dataset not in DATASETS:
+    _fail("dataset", f"unknown dataset {config.dataset!r}; choose one of {sorted(DATASETS)}")
+  m = config.model
+  if m.kind not in MODEL_KINDS:
+    _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
+  if m.input_size != DATASETS[config.dataset]:
+    _fail("model.input_size", f"{m.input_size} does not match {config.dataset} inputs "
+          f"({DATASETS[config.dataset]} features)")
+  if m.neurons <= 0:
+    _fail("model.neurons", f"must be positive, got {m.neurons}")
+  if m.k_schedule not in models.K_SCHEDULES:
+    _fail("model.k_schedule", f"unknown schedule {m.k_schedule!r}; choose one of {models.K_SCHEDULES}")
+  if m.inhibition not in models.INHIBITIONS:
+    _fail("model.inhibition", f"unknown inhibition {m.inhibition!r}; choose one of {models.INHIBITIONS}")
+  if m.kind != "relu" and m.k_schedule != "none":
+    if not 1 <= m.k < m.neurons:
+      _fail("model.k", f"k must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
+    if m.k_max and m.k_max < m.k:
+      _fail("model.k_max", f"k_target (model.k = {m.k}) > k_max ({m.k_max})")
+    if m.k_max and m.k_max > m.neurons:
+      _fail("model.k_max", f"k_max ({m.k_max}) > neurons ({m.neurons})")
+    if m.k_schedule == "gaba" and m.gaba_switch_activations <= 0:
+      _fail("model.gaba_switch_activations", f"must be positive, got {m.gaba_switch_activations}")
+    if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
+      _fail("model.k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
+  if not 0.0 <= m.dropout < 1.0:
+    _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
+  if m.threshold_method not in layers.THRESHOLD_METHODS:
+    _fail("model.threshold_method", f"unknown method {m.threshold_method!r}")
+  o = config.optimizer
+  if o.name not in optim.OPTIMIZERS:
+    _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optim.OPTIMIZERS}")
+  if not o.learning_rate > 0:
+    _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
+  if o.clip_norm < 0:
+    _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
+  if config.epochs_per_task <= 0:
+    _fail("epochs_per_task", f"must be positive, got {config.epochs_per_task}")
+  if config.eval_every <= 0 or config.epochs_per_task % config.eval_every:
+    _fail("eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), "
+          f"got {config.eval_every}")
+  if config.batch_size <= 0:
+    _fail("batch_size", f"must be positive, got {config.batch_size}")
+  if not config.seeds:
+    _fail("seeds", "needs at least one seed")
+  if len(set(config.seeds)) != len(config.seeds):
+    _fail("seeds", f"seeds must be distinct, got {tuple(config.seeds)}")
+  if config.class_order not in ("ordinal", "by_seed"):
+    _fail("class_order", f"must be 'ordinal' or 'by_seed', got {config.class_order!r}")
+  if config.num_classes % config.classes_per_task:
+    _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
+  if config.num_classes != m.num_classes:
+    _fail("model.num_classes", f"{m.num_classes} != num_classes {config.num_classes}")
+
+
+def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
+  m = config.model
+  common = dict(input_size=m.input_size, neurons=m.neurons, num_classes=m.num_classes,
+                threshold_method=m.threshold_method)
+  if m.kind == "relu":
+    return models.relu_mlp(dropout=m.dropout, **common)
+  fields = dict(k=m.k, k_schedule=m.k_schedule, inhibition=m.inhibition,
+                gaba_switch_activations=float(m.gaba_switch_activations), k_max=m.k_max or None,
+                k_transition_epochs=m.k_transition_epochs, hidden_bias=m.hidden_bias,
+                output_bias=m.output_bias, positive_weights=m.positive_weights, l2_norm=m.l2_norm,
+                dropout=m.dropout)
+  if m.kind == "topk":
+    return models.topk_mlp(**{**common, **fields})
+  return models.sdmlp(**{**common, **fields})
+
+
+def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
+  o = config.optimizer
+  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  return optim.make_optimizer(o.name, o.learning_rate, clip_norm=o.clip_norm or None,
+                              momentum=o.momentum, weight_decay=o.weight_decay, projection=projection)
+
+
+def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Loads the dataset and returns padded per-task arrays on the device.
+
+  Arrays have a leading seed axis only when seeds have different class orders.
+  """
+  dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  orders = [data_lib.class_order(None if config.class_order == "ordinal" else s, config.num_classes)
+            for s in config.seeds]
+  per_order = []
+  for order in orders if config.class_order == "by_seed" else orders[:1]:
+    classes = data_lib.task_classes(order, config.classes_per_task)
+    train_x, train_y, train_sizes = data_lib.pad_tasks(
+        data_lib.split_by_task(dataset["train_images"], dataset["train_labels"], classes))
+    test_x, test_y, test_sizes = data_lib.pad_tasks(
+        data_lib.split_by_task(dataset["test_images"], dataset["test_labels"], classes))
+    flat = lambda a: a.reshape(a.shape[0], a.shape[1], -1)
+    per_order.append(dict(train_x=flat(train_x), train_y=train_y.astype(np.int32), train_sizes=train_sizes,
+                          test_x=flat(test_x), test_y=test_y.astype(np.int32), test_sizes=test_sizes,
+                          task_classes=classes.astype(np.int32)))
+  seed_axis = config.class_order == "by_seed"
+  if seed_axis:
+    # Pad every order to the same per-task length before stacking on the seed axis.
+    stacked = {}
+    for name in per_order[0]:
+      arrays = [d[name] for d in per_order]
+      if arrays[0].ndim >= 2 and name != "task_classes":
+        longest = max(a.shape[1] for a in arrays)
+        arrays = [np.pad(a, [(0, 0), (0, longest - a.shape[1])] + [(0, 0)] * (a.ndim - 2)) for a in arrays]
+      stacked[name] = np.stack(arrays)
+    tasks = stacked
+  else:
+    tasks = per_order[0]
+  tasks = {k: jnp.asarray(v) for k, v in tasks.items()}
+  tasks["seed_axis"] = seed_axis
+  tasks["orders"] = [list(map(int, o)) for o in orders]
+  tasks["source"] = dataset.get("source", "")
+  return tasks
+
+
+def _fmt_duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+  """Runs the class-incremental protocol for every seed (vmapped) and writes the results."""
+  validate_config(config)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+
+  spec = model_spec(config)
+  tx = make_tx(config, spec)
+  tasks = build_tasks(config)
+  num_tasks = config.num_classes // config.classes_per_task
+  seeds = list(config.seeds)
+  num_seeds = len(seeds)
+
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
+  train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
+                                       epochs=config.eval_every, seed_axis_data=tasks["seed_axis"])
+  evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"])
+
+  acc = np.zeros((num_seeds, num_tasks, num_tasks))
+  acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
+  curves: list[dict] = []
+  csv_path = workdir / "metrics.csv"
+  csv_fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy",
+                 "dead_fraction", "active_per_example", "gaba_lambda_mean"]
+                + [f"accuracy_task{j}" for j in range(num_tasks)])
+  csv_file = csv_path.open("w", newline="")
+  writer = csv.DictWriter(csv_file, fieldnames=csv_fields)
+  writer.writeheader()
+
+  blocks_per_task = config.epochs_per_task // config.eval_every
+  total_blocks = blocks_per_task * num_tasks
+  train_sizes = np.asarray(tasks["train_sizes"]).reshape(-1, num_tasks)
+  steps_per_block = [int(np.ceil(train_sizes[:, t] / config.batch_size).max()) * config.eval_every
+                     for t in range(num_tasks)]
+  start = time.time()
+  steady_time, steady_steps, blocks_done = 0.0, 0, 0
+  status = "running"
+  failure = None
+
+  def write_results():
+    results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves, time.time() - start, status,
+                       failure, blocks_done, blocks_per_task, num_tasks)
+    (workdir / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+  _log(f"sdm_jax: {config.dataset} ({tasks['source']}), {num_tasks} tasks x {config.epochs_per_task} "
+       f"epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
+       f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
+       f"backend {jax.default_backend()}")
+  try:
+    for task in range(num_tasks):
+      for block in range(blocks_per_task):
+        t0 = time.time()
+        states, epoch_metrics = train_block(states, tasks["train_x"], tasks["train_y"],
+                                            tasks["train_sizes"], jnp.int32(task))
+        counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
+        counts, epoch_metrics, epochs_done, lam = jax.device_get(
+            (counts, epoch_metrics, states.epoch,
+             models_gaba_mean(states, spec)))
+        dt = time.time() - t0
+        blocks_done += 1
+        if blocks_done > 1:  # the first block includes compilation
+          steady_time += dt
+          steady_steps += steps_per_block[task]
+        losses = np.asarray(epoch_metrics.loss)
+        if not np.all(np.isfinite(losses)):
+          bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
+          epoch_in_task = block * config.eval_every + bad_epoch + 1
+          failure = (f"non-finite training loss at task {task}, epoch {epoch_in_task} of that task "
+                     f"(seed {seeds[bad_seed]})")
+          raise FloatingPointError(failure)
+        per_task = counts.correct / np.maximum(counts.count, 1)
+        per_task_il = counts.correct_task_masked / np.maximum(counts.count, 1)
+        full = counts.correct.sum(-1) / counts.count.sum(-1)
+        seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
+        epoch_in_task = (block + 1) * config.eval_every
+        for i, seed in enumerate(seeds):
+          row = dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(losses[i, -1]),
+                     train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
+                     seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
+                     active_per_example=float(epoch_metrics.active_per_example[i, -1]),
+                     gaba_lambda_mean=float(lam[i]),
+                     **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(num_tasks)})
+          writer.writerow(row)
+          curves.append(row)
+        csv_file.flush()
+        if block == blocks_per_task - 1:
+          acc[:, task] = per_task
+          acc_task_il[:, task] = per_task_il
+        rate = steady_steps / steady_time if steady_time else float("nan")
+        remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
+                     + steps_per_block[task] * (blocks_per_task - block - 1))
+        eta = _fmt_duration(remaining / rate) if steady_time else "?"
+        _log(f"task {task + 1}/{num_tasks} epoch {epoch_in_task}/{config.epochs_per_task} | "
+             f"full acc {full.mean():.4f}" + (f" ±{full.std(ddof=1) / math.sqrt(num_seeds):.4f}" if num_seeds > 1 else "")
+             + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
+             f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
+             f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
+             f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
+    status = "finished"
+  except BaseException as e:
+    if status == "running":
+      status = "failed"
+      failure = failure or f"{type(e).__name__}: {e}"
+    raise
+  finally:
+    csv_file.close()
+    results = write_results()
+  _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
+       + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {num_seeds} seeds)" if num_seeds > 1 else "")
+       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}")
+  return results
+
+
+def models_gaba_mean(states: train.TrainState, spec: models.ModelSpec):
+  """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
+  if spec.k_schedule != "gaba":
+    return jnp.ones(states.gaba_counts.shape[0])
+  return layers.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
+
+
+def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status, failure, blocks_done,
+             blocks_per_task, num_tasks) -> dict:
+  finished_tasks = blocks_done // blocks_per_task
+  per_seed = []
+  for i, seed in enumerate(seeds):
+    matrix = acc[i, :finished_tasks].tolist()
+    entry = dict(seed=seed, class_order=tasks["orders"][i if tasks["seed_axis"] else 0],
+                 acc_matrix=matrix, acc_matrix_task_incremental=acc_task_il[i, :finished_tasks].tolist(),
+                 curves=[c for c in curves if c["seed"] == seed])
+    if finished_tasks == num_tasks:
+      entry.update(metrics.summarize(acc[i], acc_task_il[i], test_sizes=_test_sizes(tasks, i)))
+    last = entry["curves"][-1] if entry["curves"] else None
+    entry["dead_fraction"] = last["dead_fraction"] if last else None
+    per_seed.append(entry)
+  finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
+  summary = dict(final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
+                 final_accuracy_sem=float(np.std(finals, ddof=1) / np.sqrt(len(finals))) if len(finals) > 1 else 0.0,
+                 num_seeds=len(seeds))
+  return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
+              epochs_per_task=config.epochs_per_task, tasks_finished=finished_tasks,
+              model=dict(kind=config.model.kind, neurons=spec.neurons, k=spec.k, k_schedule=spec.k_schedule),
+              summary=summary, per_seed=per_seed)
+
+
+def _test_sizes(tasks, i):
+  sizes = np.asarray(tasks["test_sizes"])
+  return sizes[i] if tasks["seed_axis"] else sizes
+
+
+def _machine() -> str:
+  import os
+  import platform
+  return (f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+          f"jax {jax.__version__} ({jax.default_backend()})")

@@ -1,0 +1,186 @@
+"""The SDM layer as pure functions: input normalisation, Top-K threshold, GABA switch.
+
+Synopsis::
+
+    x = sdm_input(pixels)                       # ReLU + L2 norm per example (Alg. 1)
+    a = jax.nn.relu(x @ address_kernel)         # cosine similarities, n x r
+    thr = kth_largest(a, k + 1)                 # I in Eq. 4, k may be traced
+    a_star = jax.nn.relu(a - thr[:, None])      # Eq. 4 (subtract)
+    lam = gaba_lambda(counts, T)                # Eq. 8
+    a_star = jax.nn.relu(a - lam * thr[:, None])
+
+Every function is jit/vmap/grad friendly. ``k`` is a traced integer wherever the
+docstring says so, so the linear k schedule never triggers a recompile.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+ThresholdMethod = Literal["auto", "bisect", "peel", "top_k", "sort"]
+THRESHOLD_METHODS = ("auto", "bisect", "peel", "top_k", "sort")
+
+# Largest k for which "auto" picks k-pass peeling over bisection. Measured on
+# a 2-core CPU (benchmarks/README.md): peeling costs ~2 passes per k, bisection
+# 31 passes whatever k, so peeling wins up to k+1 ~ 15.
+_PEEL_MAX_K = 16
+
+
+def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
+  """Divides by the L2 norm along `axis`; an all-zero vector stays zero.
+
+  The reference code divides without an epsilon (reference-code §2); we only
+  guard the exact-zero case, so results are bitwise the reference's elsewhere.
+  """
+  norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
+  return x / jnp.where(norm > 0, norm, 1.0)
+
+
+def sdm_input(x: jax.Array, *, positive: bool = True, normalize: bool = True) -> jax.Array:
+  """SDM input processing (paper Alg. 1): ReLU, then unit L2 norm per example."""
+  x = x.reshape(x.shape[0], -1)
+  if positive:
+    x = jax.nn.relu(x)
+  if normalize:
+    x = l2_normalize(x)
+  return x
+
+
+def _nonnegative_bits(a: jax.Array) -> jax.Array:
+  """Int32 view of non-negative float32 values; order-preserving.
+
+  For IEEE floats >= 0 the bit pattern read as int32 is monotone in the value.
+  -0.0 (and anything negative) maps to 0, i.e. to +0.0.
+  """
+  return jnp.maximum(lax.bitcast_convert_type(a.astype(jnp.float32), jnp.int32), 0)
+
+
+def _kth_largest_bisect(a: jax.Array, k: jax.Array) -> jax.Array:
+  """Exact k-th largest by bisection over the float bit patterns (31 counts)."""
+  bits = _nonnegative_bits(a)
+  batch_shape = a.shape[:-1]
+  lo = jnp.zeros(batch_shape, jnp.int32)  # invariant: count(bits >= lo) >= k (or lo == 0)
+  hi = jnp.full(batch_shape, 0x7F800001, jnp.int32)  # one past +inf
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    enough = jnp.sum(bits >= mid[..., None], axis=-1) >= k
+    return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+  # 2**31 > 0x7F800001, so 31 halvings pin `lo` to the k-th largest bit pattern.
+  lo, _ = lax.fori_loop(0, 31, halve, (lo, hi), unroll=True)
+  return lax.bitcast_convert_type(lo, jnp.float32)
+
+
+def _kth_largest_peel(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
+  """Exact k-th largest by peeling off the maximum `k_bound` times (k <= k_bound).
+
+  Each pass finds the largest value strictly below the previous one and counts
+  how many values are >= it, so ties are counted with multiplicity.
+  """
+  batch_shape = a.shape[:-1]
+  previous = jnp.full(batch_shape, jnp.inf, a.dtype)
+  found = jnp.zeros(batch_shape, a.dtype)
+  done = jnp.zeros(batch_shape, bool)
+  for _ in range(k_bound):
+    value = jnp.max(jnp.where(a < previous[..., None], a, 0), axis=-1)
+    reached = jnp.sum(a >= value[..., None], axis=-1) >= k
+    found = jnp.where(done, found, jnp.where(reached, value, found))
+    done = done | reached
+    previous = value
+  return found
+
+
+def _kth_largest_top_k(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
+  values = lax.top_k(a, k_bound)[0]
+  index = jnp.clip(k - 1, 0, k_bound - 1)
+  return jnp.take_along_axis(values, jnp.broadcast_to(index, a.shape[:-1])[..., None], axis=-1)[..., 0]
+
+
+def _kth_largest_sort(a: jax.Array, k: jax.Array) -> jax.Array:
+  values = -jnp.sort(-a, axis=-1)
+  index = jnp.clip(k - 1, 0, a.shape[-1] - 1)
+  return jnp.take_along_axis(values, jnp.broadcast_to(index, a.shape[:-1])[..., None], axis=-1)[..., 0]
+
+
+def resolve_threshold_method(method: str, k_bound: int | None) -> str:
+  """Picks the exact implementation "auto" stands for on this backend.
+
+  CPU: peeling for small static k bounds, else bisection (`lax.top_k` is ~10x
+  slower than either here, see benchmarks/README.md). GPU/TPU: `lax.top_k`
+  for small static k bounds, else bisection.
+  """
+  if method not in THRESHOLD_METHODS:
+    raise ValueError(f"threshold_method must be one of {THRESHOLD_METHODS}, got {method!r}")
+  if method != "auto":
+    return method
+  small = k_bound is not None and k_bound <= _PEEL_MAX_K
+  if jax.default_backend() == "cpu":
+    return "peel" if small else "bisect"
+  return "top_k" if small else "bisect"
+
+
+def kth_largest(a: jax.Array, k, *, method: ThresholdMethod = "auto", k_bound: int | None = None) -> jax.Array:
+  """The k-th largest value along the last axis of a non-negative array.
+
+  This is I in Eq. 4 (called with k+1) and in Eq. 8. The result is exact
+  (equal to sorting) for every method; ties count with multiplicity. If k
+  exceeds the number of values, the result is 0 (so subtracting it keeps
+  every unit: the start of k annealing, where k_max = r).
+
+  Args:
+    a: non-negative float array [..., r] (post-ReLU activations).
+    k: int, possibly traced (k annealing); 1-based.
+    method: "bisect" (31 counting passes, any traced k), "peel" (k_bound
+      max-and-count passes), "top_k" (`lax.top_k(a, k_bound)`), "sort"
+      (reference), or "auto" (see `resolve_threshold_method`).
+    k_bound: static upper bound on k, needed by "peel" and "top_k";
+      defaults to r.
+
+  Returns:
+    Array of shape a.shape[:-1], with a's dtype, gradient-stopped.
+  """
+  r = a.shape[-1]
+  k = jnp.asarray(k, jnp.int32)
+  k_bound = r if k_bound is None else min(int(k_bound), r)
+  method = resolve_threshold_method(method, k_bound)
+  a = lax.stop_gradient(a)
+  if method == "bisect":
+    value = _kth_largest_bisect(a, k)
+  elif method == "peel":
+    value = _kth_largest_peel(a, k, k_bound)
+  elif method == "top_k":
+    value = _kth_largest_top_k(a, k, k_bound)
+  else:
+    value = _kth_largest_sort(a, k)
+  return jnp.where(k > r, jnp.zeros_like(value), value).astype(a.dtype)
+
+
+def topk_subtract(a: jax.Array, threshold: jax.Array, scale: jax.Array | float = 1.0) -> jax.Array:
+  """Eq. 4 / Eq. 8: relu(a - scale * I). `scale` is the GABA lambda (per neuron) or 1."""
+  return jax.nn.relu(a - scale * threshold[..., None])
+
+
+def topk_mask(a: jax.Array, kth_value: jax.Array) -> jax.Array:
+  """The "mask" ablation (Table 2): keep the raw values >= the k-th largest, zero the rest.
+
+  With k > r the k-th value is 0 and every (non-negative) unit is kept.
+  """
+  return jnp.where(a >= kth_value[..., None], a, 0.0)
+
+
+def linear_k(epoch, *, k_max: int, k_target: int, transition_epochs: int) -> jax.Array:
+  """Eq. 4: k_t = max(k_target, floor(k_max - E_t (k_max - k_target) / s)), per epoch."""
+  epoch = jnp.asarray(epoch, jnp.float32)
+  k = jnp.floor(k_max - epoch * (k_max - k_target) / transition_epochs)
+  return jnp.clip(k, k_target, k_max).astype(jnp.int32)
+
+
+def gaba_lambda(counts: jax.Array, switch_activations: float) -> jax.Array:
+  """Eq. 8: lambda_i = clip(-1 + 2 C_i / T, -1, 1), C_i = times neuron i fired."""
+  return jnp.clip(-1.0 + 2.0 * counts / switch_activations, -1.0, 1.0)

@@ -1,0 +1,61 @@
+"""Continual-learning metrics as pure functions of the accuracy matrix.
+
+Synopsis::
+
+    acc = np.array(results["per_seed"][0]["acc_matrix"])   # acc[after_task][on_task]
+    metrics.final_accuracy(acc, test_sizes)                # the paper's number
+    metrics.forgetting(acc), metrics.backward_transfer(acc)
+
+Conventions (Lopez-Paz & Ranzato 2017; Chaudhry et al. 2018):
+- final accuracy: accuracy on the whole test set after the last task, i.e.
+  the test-size-weighted mean of the last row; classes of every task count,
+  so this is the reference's `val/accuracy` at the end of training.
+- average accuracy: unweighted mean of the last row.
+- forgetting of task j: max over earlier evaluations (after tasks j..T-2) of
+  acc[i, j] minus the final acc[T-1, j]; averaged over j < T-1. We use the
+  task-end evaluations only (rows of the matrix), not intermediate epochs.
+- backward transfer: mean over j < T-1 of acc[T-1, j] - acc[j, j].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def final_accuracy(acc: np.ndarray, test_sizes=None) -> float:
+  last = np.asarray(acc, dtype=float)[-1]
+  weights = np.ones_like(last) if test_sizes is None else np.asarray(test_sizes, dtype=float)
+  return float(np.sum(last * weights) / np.sum(weights))
+
+
+def average_accuracy(acc: np.ndarray) -> float:
+  return float(np.mean(np.asarray(acc, dtype=float)[-1]))
+
+
+def forgetting(acc: np.ndarray) -> float:
+  acc = np.asarray(acc, dtype=float)
+  num_tasks = acc.shape[0]
+  if num_tasks < 2:
+    return 0.0
+  drops = [acc[j:num_tasks - 1, j].max() - acc[-1, j] for j in range(num_tasks - 1)]
+  return float(np.mean(drops))
+
+
+def backward_transfer(acc: np.ndarray) -> float:
+  acc = np.asarray(acc, dtype=float)
+  num_tasks = acc.shape[0]
+  if num_tasks < 2:
+    return 0.0
+  return float(np.mean([acc[-1, j] - acc[j, j] for j in range(num_tasks - 1)]))
+
+
+def summarize(acc: np.ndarray, acc_task_incremental: np.ndarray | None = None, test_sizes=None) -> dict:
+  """All metrics of a finished run, class-incremental and (optionally) task-incremental."""
+  out = dict(final_accuracy=final_accuracy(acc, test_sizes), average_accuracy=average_accuracy(acc),
+             forgetting=forgetting(acc), backward_transfer=backward_transfer(acc))
+  if acc_task_incremental is not None:
+    out.update(final_accuracy_task_incremental=final_accuracy(acc_task_incremental, test_sizes),
+               average_accuracy_task_incremental=average_accuracy(acc_task_incremental),
+               forgetting_task_incremental=forgetting(acc_task_incremental),
+               backward_transfer_task_incremental=backward_transfer(acc_task_incremental))
+  return out

@@ -1,0 +1,76 @@
+"""Optax chains for SDM training: clip, optimiser, then the SDM projection.
+
+Synopsis::
+
+    tx = optim.make_optimizer("sgd", learning_rate=0.05, clip_norm=1.0,
+                              projection=functools.partial(models.project_params, spec=spec))
+    opt_state = tx.init(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)   # params now satisfy the constraint
+
+The reference (reference-code §1) clips the global gradient norm to 1.0, steps
+the optimiser, then clamps every parameter >= 0 and renormalises the neuron
+addresses. `project_after_update` puts that last step inside the optax chain
+so a TrainState never holds an unconstrained parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import optax
+
+OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw")
+
+
+def project_after_update(projection: Callable) -> optax.GradientTransformation:
+  """Turns `updates` into the step that lands on `projection(params + updates)`.
+
+  Put it last in a chain. Needs `params` in `update`. The returned update is
+  `projection(params + u) - params`, so `optax.apply_updates` reproduces the
+  projected parameters up to one float32 rounding (≤ 1 ulp).
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("project_after_update needs params: call tx.update(grads, state, params)")
+    projected = projection(optax.apply_updates(params, updates))
+    return jax.tree.map(lambda new, old: new - old, projected, params), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def base_optimizer(name: str, learning_rate: float, *, momentum: float = 0.9,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+  """The reference's optimisers (reference §3), torch defaults where optax's differ."""
+  if name == "sgd":
+    return optax.sgd(learning_rate)
+  if name == "sgdm":
+    # torch SGD momentum: buffer = mu * buffer + g; step = lr * buffer (no dampening).
+    return optax.sgd(learning_rate, momentum=momentum)
+  if name == "adam":
+    return optax.adam(learning_rate)  # torch defaults: b1 .9, b2 .999, eps 1e-8
+  if name == "rmsprop":
+    # torch RMSprop: alpha .99, eps 1e-8 added outside the sqrt, no momentum.
+    return optax.rmsprop(learning_rate, decay=0.99, eps=1e-8, eps_in_sqrt=False)
+  if name == "adamw":
+    return optax.adamw(learning_rate, weight_decay=weight_decay)
+  raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def make_optimizer(name: str, learning_rate: float, *, clip_norm: float | None = 1.0,
+                   momentum: float = 0.9, weight_decay: float = 0.0,
+                   projection: Callable | None = None) -> optax.GradientTransformation:
+  """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint."""
+  parts = []
+  if clip_norm:
+    parts.append(optax.clip_by_global_norm(clip_norm))
+  parts.append(base_optimizer(name, learning_rate, momentum=momentum, weight_decay=weight_decay))
+  if projection is not None:
+    parts.append(project_after_update(projection))
+  return optax.chain(*parts)

@@ -1,0 +1,220 @@
+"""Training engine: TrainState, a jitted block of epochs as nested `lax.scan`, vmapped seeds.
+
+Synopsis::
+
+    spec = models.sdmlp(784, 1000, 10)
+    tx = optim.make_optimizer("sgd", 0.05, projection=functools.partial(models.project_params, spec=spec))
+    states = init_states(jnp.arange(3), spec=spec, tx=tx)         # 3 seeds, stacked
+    train = make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)
+    states, metrics = train(states, tasks.train_x, tasks.train_y, tasks.train_sizes, task_index)
+    evaluate = make_evaluate(spec=spec)
+    correct = evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
+
+Design (DESIGN §3): everything that changes during training lives in one
+pytree; the data stays on the device as uint8 and is padded to one shape per
+dataset, so every task, every block of epochs and every k of the schedule run
+the same compiled program; seeds are a leading axis added with `jax.vmap`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from sdm_jax import models
+
+
+@flax.struct.dataclass
+class TrainState:
+  """All mutable training state of one seed (stack a leading axis for several).
+
+  Attributes:
+    params: model parameters (see `models.init_params`).
+    opt_state: optax state.
+    gaba_counts: float32 [neurons], C_i of Eq. 8: examples for which neuron i
+      fired (output > 0) in training forward passes so far.
+    epoch: int32, global epoch counter E_t (drives the k schedule of Eq. 4).
+    step: int32, optimiser steps taken.
+    key: PRNG key (raw uint32[2]) for shuffling and dropout.
+  """
+
+  params: Any
+  opt_state: Any
+  gaba_counts: jax.Array
+  epoch: jax.Array
+  step: jax.Array
+  key: jax.Array
+
+
+class EpochMetrics(NamedTuple):
+  """Per-epoch training metrics (means over the epoch's examples)."""
+
+  loss: jax.Array
+  accuracy: jax.Array
+  dead_fraction: jax.Array  # neurons whose summed activation over the epoch < 1e-4 (reference §2)
+  active_per_example: jax.Array  # mean number of neurons > 0 per example
+
+
+DEAD_ACTIVITY_THRESHOLD = 1e-4
+
+
+def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation) -> TrainState:
+  """Initial state for one integer seed (vmap this over an array of seeds)."""
+  key = jax.random.PRNGKey(seed)
+  key, init_key = jax.random.split(key)
+  params = models.init_params(init_key, spec)
+  return TrainState(params=params, opt_state=tx.init(params),
+                    gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
+                    epoch=jnp.zeros((), jnp.int32), step=jnp.zeros((), jnp.int32), key=key)
+
+
+def init_states(seeds, *, spec: models.ModelSpec, tx: optax.GradientTransformation) -> TrainState:
+  """States of several seeds stacked on a leading axis."""
+  return jax.jit(jax.vmap(functools.partial(init_state, spec=spec, tx=tx)))(jnp.asarray(seeds))
+
+
+def to_float_input(x_uint8: jax.Array) -> jax.Array:
+  """uint8 pixels -> float32 in [0, 1] (reference: /255, no mean subtraction)."""
+  if x_uint8.dtype == jnp.uint8:
+    return x_uint8.astype(jnp.float32) / 255.0
+  return x_uint8.astype(jnp.float32)
+
+
+def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.ModelSpec, dropout_key):
+  """Mean cross-entropy over the valid examples of a batch, plus what the step must count."""
+  k = models.current_k(spec, state.epoch)
+  logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts,
+                                  dropout_key=dropout_key)
+  per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  n_valid = jnp.maximum(valid.sum(), 1)
+  loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
+  return loss, (logits, hidden)
+
+
+def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
+               tx: optax.GradientTransformation):
+  """One optimiser step on one (possibly partly padded) batch.
+
+  Returns the new state and (loss sum, correct, activity sum [r], active count).
+  """
+  x = to_float_input(x_uint8)
+  dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
+  grad_fn = jax.value_and_grad(loss_and_stats, has_aux=True)
+  (loss, (logits, hidden)), grads = grad_fn(state.params, state, x, y, valid, spec=spec,
+                                            dropout_key=dropout_key)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  validf = valid.astype(jnp.float32)[:, None]
+  fired = (hidden > 0).astype(jnp.float32) * validf
+  counts = state.gaba_counts + fired.sum(0) if spec.k_schedule == "gaba" else state.gaba_counts
+  new_state = state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1)
+  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid),
+           jnp.sum(hidden * validf, axis=0), fired.sum())
+  return new_state, stats
+
+
+def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.ModelSpec,
+                tx: optax.GradientTransformation, batch_size: int):
+  """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
+
+  The number of scanned batches is ceil(rows / batch_size) for the padded
+  shape; batches past the task's true size are skipped with `lax.cond`
+  (under `vmap` both branches run, and the skip is a select).
+  """
+  n = x_task.shape[0]
+  num_batches = -(-n // batch_size)
+  key, perm_key = jax.random.split(state.key)
+  state = state.replace(key=key)
+  # Random order of the valid rows first, padding rows last.
+  noise = jax.random.uniform(perm_key, (n,))
+  order = jnp.argsort(jnp.where(jnp.arange(n) < task_size, noise, 2.0))
+  order = jnp.pad(order, (0, num_batches * batch_size - n)).reshape(num_batches, batch_size)
+  positions = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
+
+  def body(carry, batch):
+    state, totals = carry
+    idx, pos = batch
+    valid = pos < task_size
+
+    def step(state):
+      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx)
+
+    def skip(state):
+      zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()))
+      return state, zeros
+
+    state, stats = jax.lax.cond(valid[0], step, skip, state)
+    totals = jax.tree.map(jnp.add, totals, stats)
+    return (state, totals), None
+
+  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()))
+  (state, (loss_sum, correct, activity, active)), _ = jax.lax.scan(body, (state, zeros), (order, positions))
+  count = jnp.maximum(task_size, 1).astype(jnp.float32)
+  metrics = EpochMetrics(loss=loss_sum / count, accuracy=correct / count,
+                         dead_fraction=jnp.mean(activity < DEAD_ACTIVITY_THRESHOLD),
+                         active_per_example=active / count)
+  return state.replace(epoch=state.epoch + 1), metrics
+
+
+def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec, tx, batch_size: int,
+                 epochs: int):
+  """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...]."""
+  x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
+
+  def body(state, _):
+    return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size)
+
+  return jax.lax.scan(body, state, None, length=epochs)
+
+
+def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
+                     epochs: int, seed_axis_data: bool):
+  """jit(vmap(train_epochs)) over a leading seed axis; the state buffer is donated.
+
+  Args:
+    seed_axis_data: True if the task arrays carry a leading seed axis (each
+      seed has its own class order); False if all seeds share them.
+  """
+  fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs)
+  data_axis = 0 if seed_axis_data else None
+  return jax.jit(jax.vmap(fn, in_axes=(0, data_axis, data_axis, data_axis, None)), donate_argnums=0)
+
+
+class EvalCounts(NamedTuple):
+  """Per task: correct predictions over all classes (class-incremental), correct with logits
+  restricted to the task's classes (task-incremental), and the number of test examples."""
+
+  correct: jax.Array
+  correct_task_masked: jax.Array
+  count: jax.Array
+
+
+def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, *, spec):
+  """Counts on every task's (padded) test split, one task at a time (`lax.map`)."""
+  k = models.current_k(spec, state.epoch)
+  num_classes = spec.num_classes
+
+  def one_task(args):
+    x, y, size, classes = args
+    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, k=k,
+                               gaba_counts=state.gaba_counts)
+    valid = jnp.arange(x.shape[0]) < size
+    in_task = jnp.zeros((num_classes,), bool).at[classes].set(True)
+    masked = jnp.where(in_task, logits, -jnp.inf)
+    correct = jnp.sum((jnp.argmax(logits, -1) == y) & valid)
+    correct_masked = jnp.sum((jnp.argmax(masked, -1) == y) & valid)
+    return correct, correct_masked, size
+
+  correct, correct_masked, count = jax.lax.map(one_task, (test_x, test_y, test_sizes, task_classes))
+  return EvalCounts(correct, correct_masked, count)
+
+
+def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool):
+  data_axis = 0 if seed_axis_data else None
+  fn = functools.partial(evaluate_tasks, spec=spec)
+  return jax.jit(jax.vmap(fn, in_axes=(0, data_axis, data_axis, data_axis, data_axis)))

@@ -1,0 +1,32 @@
+"""sdm_jax: Sparse Distributed Memory is a Continual Learner, in JAX."""
+
+import setuptools
+
+CORE = [
+    "jax>=0.4.35",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "chex>=0.1.87",
+    "orbax-checkpoint>=0.10",
+    "absl-py>=2.0",
+    "ml-collections>=0.1.1",
+    "numpy>=1.26",
+]
+
+setuptools.setup(
+    name="sdm_jax",
+    version="0.1.0",
+    description="Sparse Distributed Memory is a Continual Learner (Bricken et al., ICLR 2023) in JAX",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*"]),
+    package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"]},
+    install_requires=CORE,
+    extras_require={
+        "test": ["pytest>=7", "pytest-xdist>=3"],
+        "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
+        "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
+        "torch": ["torch"],
+    },
+)
