@@ -1,0 +1,117 @@
+"""End-to-end tests of sdm_jax.experiment: config validation, outputs, non-finite stop."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.configs import split_mnist
+from sdm_jax import experiment
+
+
+def _tiny(variant="sdmlp", **overrides):
+  config = split_mnist.get_config(f"{variant},tiny")
+  config.epochs_per_task = 1
+  config.model.neurons = 100
+  for key, value in overrides.items():
+    target = config
+    *path, leaf = key.split(".")
+    for part in path:
+      target = target[part]
+    target[leaf] = value
+  return config
+
+
+@pytest.mark.parametrize("variant", split_mnist.VARIANTS)
+@pytest.mark.parametrize("size", split_mnist.SIZES)
+def test_every_variant_validates(variant, size):
+  experiment.validate_config(split_mnist.get_config(f"{variant},{size}"))
+
+
+def test_reference_defaults():
+  c = split_mnist.get_config("sdmlp")
+  assert (c.epochs_per_task, c.batch_size, c.optimizer.name, c.optimizer.learning_rate) == (500, 128, "sgd", 0.05)
+  assert (c.model.neurons, c.model.k, c.model.gaba_switch_activations, c.optimizer.clip_norm) == (1000, 10, 5e6, 1.0)
+  q = split_mnist.get_config("sdmlp,quick")
+  assert q.epochs_per_task == 50 and q.model.gaba_switch_activations == 5e5  # T scaled by 50/500
+  assert split_mnist.get_config("topk,quick").model.k_transition_epochs == 20
+  assert split_mnist.get_config("sdmlp_10k").model.k == 10  # k = 10 for 10K too (reference)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("model.k", 1000, "config.model.k:"),
+    ("model.k", 0, "config.model.k:"),
+    ("model.k_max", 5, "config.model.k_max: k_target"),
+    ("optimizer.learning_rate", 0.0, "config.optimizer.learning_rate"),
+    ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate"),
+    ("optimizer.name", "lion", "config.optimizer.name"),
+    ("dataset", "svhn", "config.dataset"),
+    ("model.kind", "transformer", "config.model.kind"),
+    ("epochs_per_task", 0, "config.epochs_per_task"),
+    ("eval_every", 3, "config.eval_every"),
+    ("model.input_size", 3072, "config.model.input_size"),
+    ("model.k_schedule", "cosine", "config.model.k_schedule"),
+    ("model.inhibition", "divide", "config.model.inhibition"),
+    ("model.threshold_method", "heap", "config.model.threshold_method"),
+    ("model.gaba_switch_activations", 0.0, "config.model.gaba_switch_activations"),
+    ("model.dropout", 1.0, "config.model.dropout"),
+    ("batch_size", 0, "config.batch_size"),
+    ("seeds", (), "config.seeds"),
+    ("seeds", (1, 1), "config.seeds"),
+    ("class_order", "random", "config.class_order"),
+])
+def test_bad_configs_name_the_field(field, value, match, tmp_path):
+  config = split_mnist.get_config("sdmlp,tiny")
+  *path, leaf = field.split(".")
+  target = config
+  for part in path:
+    target = target[part]
+  with config.unlocked() if hasattr(config, "unlocked") else _null():
+    target[leaf] = value
+  with pytest.raises(ValueError, match=match.replace(".", r"\.")):
+    experiment.train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run").exists()  # refused before anything was written or compiled
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *a):
+    return False
+
+
+def test_unknown_variant_and_size():
+  with pytest.raises(ValueError, match="unknown variant"):
+    split_mnist.get_config("sdm_xl")
+  with pytest.raises(ValueError, match="unknown size"):
+    split_mnist.get_config("sdmlp,huge")
+
+
+def test_tiny_run_writes_results(tmp_path):
+  config = _tiny(seeds=(0, 1), eval_every=1)
+  results = experiment.train_and_evaluate(config, tmp_path)
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["status"] == "finished" and saved["tasks_finished"] == 5
+  assert json.loads((tmp_path / "config.json").read_text())["model"]["neurons"] == 100
+  lines = (tmp_path / "metrics.csv").read_text().strip().splitlines()
+  assert len(lines) == 1 + 2 * 5  # header + seeds x evaluations
+  for seed_result in saved["per_seed"]:
+    acc = np.array(seed_result["acc_matrix"])
+    assert acc.shape == (5, 5)
+    # Class-incremental on one head: the first task is learned (before the switch)...
+    assert acc[0, 0] > 0.9
+    assert np.all(acc[0, 1:] == 0.0)  # ...and classes never trained on are never predicted.
+    # ...and the paper's metric is the test-size-weighted last row.
+    assert 0.0 < seed_result["final_accuracy"] <= 1.0
+    assert seed_result["final_accuracy_task_incremental"] >= seed_result["final_accuracy"]
+  finals = [s["final_accuracy"] for s in saved["per_seed"]]
+  assert results["summary"]["final_accuracy_mean"] == pytest.approx(np.mean(finals))
+
+
+def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
+  config = _tiny("relu", **{"optimizer.learning_rate": 1e38, "optimizer.clip_norm": 0.0})
+  with pytest.raises(FloatingPointError, match=r"task 0, epoch 1"):
+    experiment.train_and_evaluate(config, tmp_path)
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["status"] == "failed" and "task 0, epoch 1" in saved["failure"]

@@ -1,0 +1,148 @@
+"""Tests for the training engine: one compile per task shape, vmapped seeds, GABA counters."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax import data, models, optim, train
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_tasks(per_task=600):
+  """Real MNIST, ordinal 2-class tasks, first `per_task` train examples of each (unequal sizes)."""
+  ds = data.load_dataset("mnist")
+  classes = data.task_classes(data.class_order(None), 2)
+  splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
+  splits = [(x[: per_task - 37 * i], y[: per_task - 37 * i]) for i, (x, y) in enumerate(splits)]
+  x, y, sizes = data.pad_tasks(splits)
+  test = data.split_by_task(ds["test_images"], ds["test_labels"], classes)
+  tx_, ty_, tsizes = data.pad_tasks([(a[:300], b[:300]) for a, b in test])
+  flat = lambda a: jnp.asarray(a.reshape(a.shape[0], a.shape[1], -1))
+  return dict(train_x=flat(x), train_y=jnp.asarray(y, jnp.int32), train_sizes=jnp.asarray(sizes),
+              test_x=flat(tx_), test_y=jnp.asarray(ty_, jnp.int32), test_sizes=jnp.asarray(tsizes),
+              task_classes=jnp.asarray(classes, jnp.int32))
+
+
+def _setup(spec, lr=0.05, name="sgd"):
+  tx = optim.make_optimizer(name, lr, projection=functools.partial(models.project_params, spec=spec)
+                            if spec.constrained else None)
+  return tx
+
+
+def test_one_compile_across_tasks_epochs_and_k_annealing():
+  tasks = _mnist_tasks()
+  assert len(set(np.asarray(tasks["train_sizes"]).tolist())) == 5  # unequal task sizes
+  spec = models.sdmlp(784, 64, 10, k=4, k_schedule="linear", k_transition_epochs=3)
+  tx = _setup(spec)
+  states = train.init_states(np.arange(2), spec=spec, tx=tx)
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=2, seed_axis_data=False)
+  ks = []
+  for task in range(5):
+    states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+    ks.append(int(models.current_k(spec, states.epoch[0])))
+  assert block._cache_size() == 1
+  assert ks[0] > ks[1] >= spec.k and ks[-1] == spec.k  # k annealed while running the same program
+  np.testing.assert_array_equal(np.asarray(states.epoch), [10, 10])
+
+
+def test_vmapped_seeds_equal_single_seed_runs():
+  tasks = _mnist_tasks()
+  spec = models.sdmlp(784, 48, 10, k=3, gaba_switch_activations=2000.0)
+  tx = _setup(spec)
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
+  seeds = np.array([0, 1, 2])
+  stacked = train.init_states(seeds, spec=spec, tx=tx)
+  for task in range(2):
+    stacked, _ = block(stacked, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+  for i, seed in enumerate(seeds):
+    single = train.init_states(np.array([seed]), spec=spec, tx=tx)
+    for task in range(2):
+      single, _ = block(single, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[i], stacked.params),
+                                jax.tree.map(lambda a: a[0], single.params), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(stacked.gaba_counts[i]), np.asarray(single.gaba_counts[0]))
+  # Different seeds really are different runs.
+  assert not np.allclose(np.asarray(stacked.params["output"]["kernel"][0]),
+                         np.asarray(stacked.params["output"]["kernel"][1]))
+
+
+def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
+  tasks = _mnist_tasks()
+  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=600.0)
+  tx = _setup(spec)
+  state = jax.tree.map(lambda a: a[0], train.init_states(np.array([0]), spec=spec, tx=tx))
+  # One step by hand: counters grow by the number of valid examples each neuron fired for.
+  x, y = tasks["train_x"][0, :32], tasks["train_y"][0, :32]
+  valid = jnp.arange(32) < 30
+  new_state, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, x, y, valid)
+  _, hidden = models.forward(state.params, train.to_float_input(x), spec=spec, k=spec.k,
+                             gaba_counts=state.gaba_counts)
+  expected = np.asarray((hidden[:30] > 0).sum(0), np.float32)
+  np.testing.assert_array_equal(np.asarray(new_state.gaba_counts), expected)
+  assert expected.min() == 30  # lambda = -1 at the start: every neuron fires for every example
+  # Within a few epochs every neuron has passed the midpoint (lambda >= 0) and firing has
+  # dropped from all neurons to about k per example (the last approach to lambda = 1 is slow,
+  # since inhibited neurons fire less).
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=4, seed_axis_data=False)
+  states = train.init_states(np.array([0]), spec=spec, tx=tx)
+  states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0))
+  assert float(states.gaba_counts.min()) >= spec.gaba_switch_activations / 2
+  assert float(metrics.active_per_example[0, 0]) > 0.9 * spec.neurons
+  assert float(metrics.active_per_example[0, -1]) < 2 * spec.k
+
+
+def test_projection_invariants_hold_after_training():
+  tasks = _mnist_tasks()
+  spec = models.sdmlp(784, 64, 10, k=5, gaba_switch_activations=3000.0)
+  tx = _setup(spec, lr=0.2)
+  states = train.init_states(np.array([0, 1]), spec=spec, tx=tx)
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
+  for task in range(3):
+    states, _ = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+  assert int(states.step[0]) > 100
+  for leaf in jax.tree.leaves(states.params):
+    assert float(leaf.min()) >= 0.0
+  norms = np.linalg.norm(np.asarray(states.params["hidden"]["kernel"]), axis=1)  # [seed, neuron]
+  np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+
+
+def test_padding_rows_are_ignored():
+  """Whatever the padding rows hold, training on a padded task gives the same result."""
+  tasks = _mnist_tasks()
+  spec = models.relu_mlp(784, 32, 10)
+  tx = _setup(spec)
+  n = int(tasks["train_sizes"][1])
+  x, y = tasks["train_x"][1:2], tasks["train_y"][1:2]
+  assert x.shape[1] > n  # task 1 is shorter than task 0: its tail is padding
+  garbage_x = x.at[0, n:].set(255)
+  garbage_y = y.at[0, n:].set(9)
+  state = train.init_states(np.array([0]), spec=spec, tx=tx)
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=50, epochs=1, seed_axis_data=False)
+  a_state, a_metrics = block(jax.tree.map(jnp.copy, state), x, y, jnp.array([n]), jnp.int32(0))
+  b_state, b_metrics = block(jax.tree.map(jnp.copy, state), garbage_x, garbage_y, jnp.array([n]), jnp.int32(0))
+  chex.assert_trees_all_close(a_state.params, b_state.params, atol=0)
+  assert int(a_state.step[0]) == int(b_state.step[0]) == -(-n // 50)  # partial last batch, no empty ones
+  np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss))
+
+
+def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
+  """The class-incremental failure mode on real data: the first task is learned, then overwritten."""
+  tasks = _mnist_tasks()
+  spec = models.relu_mlp(784, 100, 10)
+  tx = _setup(spec, lr=0.05)
+  states = train.init_states(np.array([0]), spec=spec, tx=tx)
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False)
+  evaluate = train.make_evaluate(spec=spec, seed_axis_data=False)
+  states, _ = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0))
+  counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
+  assert float(counts.correct[0, 0] / counts.count[0, 0]) > 0.97
+  states, _ = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(1))
+  counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
+  assert float(counts.correct[0, 1] / counts.count[0, 1]) > 0.9
+  assert float(counts.correct[0, 0] / counts.count[0, 0]) < 0.5  # catastrophic forgetting
+  # Task-incremental accuracy (logits restricted to the task's 2 classes) stays high.
+  assert float(counts.correct_task_masked[0, 0] / counts.count[0, 0]) > 0.8
