@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-ThresholdMethod = Literal["auto", "bisect", "peel", "top_k", "sort"]
-THRESHOLD_METHODS = ("auto", "bisect", "peel", "top_k", "sort")
+ThresholdMethod = Literal["auto", "bisect", "chunked", "peel", "top_k", "sort"]
+THRESHOLD_METHODS = ("auto", "bisect", "chunked", "peel", "top_k", "sort")
 
 # Largest k for which "auto" picks k-pass peeling over bisection. Measured on
 # a 2-core CPU (benchmarks/README.md): peeling costs ~2 passes per k, bisection
@@ -96,6 +96,32 @@ def _kth_largest_peel(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
   return found
 
 
+def _kth_largest_chunked(a: jax.Array, k: jax.Array, k_bound: int, chunk: int = 8) -> jax.Array:
+  """Exact k-th largest in one full pass plus work on k_bound * chunk candidates.
+
+  Split each row into chunks and take their maxima (the only full pass). The
+  k_bound chunks with the largest maxima contain the k largest values: any
+  value outside them is <= the smallest selected maximum, which is itself <=
+  the k-th largest (k_bound >= k selected maxima are >= it). So the k-th
+  largest of the selected chunks' values is the k-th largest of the row.
+  Zero padding to a multiple of `chunk` is harmless: values are >= 0.
+  """
+  r = a.shape[-1]
+  num_chunks = -(-r // chunk)
+  chunks_needed = min(k_bound, num_chunks)
+  padded = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, num_chunks * chunk - r)])
+  chunks = padded.reshape(*a.shape[:-1], num_chunks, chunk)
+  maxima = chunks.max(-1)
+  picked = []
+  for _ in range(chunks_needed):  # argmax peeling over the (small) chunk maxima
+    best = jnp.argmax(maxima, axis=-1)
+    picked.append(best)
+    maxima = jnp.where(jnp.arange(num_chunks) == best[..., None], -1.0, maxima)
+  picked = jnp.stack(picked, axis=-1)
+  candidates = jnp.take_along_axis(chunks, picked[..., None], axis=-2).reshape(*a.shape[:-1], -1)
+  return _kth_largest_peel(candidates, k, min(k_bound, candidates.shape[-1]))
+
+
 def _kth_largest_top_k(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
   values = lax.top_k(a, k_bound)[0]
   index = jnp.clip(k - 1, 0, k_bound - 1)
@@ -137,9 +163,10 @@ def kth_largest(a: jax.Array, k, *, method: ThresholdMethod = "auto", k_bound: i
     a: non-negative float array [..., r] (post-ReLU activations).
     k: int, possibly traced (k annealing); 1-based.
     method: "bisect" (31 counting passes, any traced k), "peel" (k_bound
-      max-and-count passes), "top_k" (`lax.top_k(a, k_bound)`), "sort"
+      max-and-count passes), "chunked" (one pass for chunk maxima, then
+      peeling on k_bound chunks), "top_k" (`lax.top_k(a, k_bound)`), "sort"
       (reference), or "auto" (see `resolve_threshold_method`).
-    k_bound: static upper bound on k, needed by "peel" and "top_k";
+    k_bound: static upper bound on k, needed by "peel", "chunked" and "top_k";
       defaults to r.
 
   Returns:
@@ -154,6 +181,8 @@ def kth_largest(a: jax.Array, k, *, method: ThresholdMethod = "auto", k_bound: i
     value = _kth_largest_bisect(a, k)
   elif method == "peel":
     value = _kth_largest_peel(a, k, k_bound)
+  elif method == "chunked":
+    value = _kth_largest_chunked(a, k, k_bound)
   elif method == "top_k":
     value = _kth_largest_top_k(a, k, k_bound)
   else:

@@ -7,7 +7,7 @@ import pytest
 
 from sdm_jax import layers
 
-METHODS = ("bisect", "peel", "top_k", "sort")
+METHODS = ("bisect", "chunked", "peel", "top_k", "sort")
 
 
 def _random_activations(seed, shape, ties):

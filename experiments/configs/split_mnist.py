@@ -20,10 +20,13 @@ set after the last task.
 Paper (Table 7, 500 epochs/task): SDMLP 1K k=1 0.69, 1K k=10 0.53,
 10K k=10 0.53; Top-K 0.22; ReLU 0.21.
 
-Measured (`quick`: 50 epochs per task, 3 seeds (0,1,2) vmapped in one run,
-see the table in README.md for date, machine and wall time):
-  sdmlp  : RESULT_SDMLP
-  relu   : RESULT_RELU
+Measured 2026-11-22 on a 2-core x86_64 VM (CPU, jax 0.10.2), `quick` (50 epochs
+per task, T = 500K), seeds (0, 1, 2) vmapped in one run, final full-test accuracy
+mean ± s.e.m. (results: experiments/results/split_mnist_*_quick.json):
+  sdmlp (1K, k=10): 0.4505 ± 0.0045  (0.444 / 0.448 / 0.459), wall 8m32s
+  relu  (1K)      : 0.1971 ± 0.0001  (0.197 / 0.197 / 0.197), wall 5m35s
+The paper's 0.53 (SDMLP) and 0.21 (ReLU) are for 500 epochs per task; the
+full schedule has not been run here yet (about 1h30 per seed for SDMLP).
 """
 
 import ml_collections
