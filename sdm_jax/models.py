@@ -167,7 +167,14 @@ def hidden_activations(params: dict, x: jax.Array, *, spec: ModelSpec, k=None,
   a = jax.nn.relu(a)
   if not spec.uses_topk:
     return a
-  k = current_k(spec, 0) if k is None else k
+  if spec.k_schedule == "linear":
+    k = current_k(spec, 0) if k is None else k
+  else:
+    # k is fixed by the spec (the threshold's static rank bound depends on it).
+    if isinstance(k, int) and k != spec.k:
+      raise ValueError(f"k={k} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; "
+                       "build a spec with that k instead")
+    k = spec.k
   bound = _threshold_k_bound(spec)
   method = spec.threshold_method
   if spec.k_schedule == "gaba":

@@ -5,7 +5,7 @@ Synopsis::
     spec = models.sdmlp(784, 1000, 10)
     tx = optim.make_optimizer("sgd", 0.05, projection=functools.partial(models.project_params, spec=spec))
     states = init_states(jnp.arange(3), spec=spec, tx=tx)         # 3 seeds, stacked
-    train = make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)
+    train = make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)  # jit(map|vmap)
     states, metrics = train(states, tasks.train_x, tasks.train_y, tasks.train_sizes, task_index)
     evaluate = make_evaluate(spec=spec)
     correct = evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
@@ -13,7 +13,8 @@ Synopsis::
 Design (DESIGN §3): everything that changes during training lives in one
 pytree; the data stays on the device as uint8 and is padded to one shape per
 dataset, so every task, every block of epochs and every k of the schedule run
-the same compiled program; seeds are a leading axis added with `jax.vmap`.
+the same compiled program; seeds are a leading axis, run with `jax.vmap` (GPU/TPU)
+or `lax.map` (CPU, where batched matmuls are slower) inside one program.
 """
 
 from __future__ import annotations
@@ -172,17 +173,60 @@ def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec
   return jax.lax.scan(body, state, None, length=epochs)
 
 
+SEED_LOOPS = ("auto", "vmap", "map")
+
+
+def resolve_seed_loop(seed_loop: str) -> str:
+  """"auto" = `lax.map` on CPU, `vmap` elsewhere.
+
+  On XLA:CPU a vmapped matmul becomes a batched dot_general that runs ~1.6x
+  slower than the plain one, even for one seed (benchmarks/README.md);
+  `lax.map` runs the seeds one after another inside the same compiled
+  program with unbatched matmuls. On GPU/TPU vmap is the fast path.
+  """
+  if seed_loop not in SEED_LOOPS:
+    raise ValueError(f"seed_loop must be one of {SEED_LOOPS}, got {seed_loop!r}")
+  if seed_loop == "auto":
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+  return seed_loop
+
+
+def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_args: int = 3):
+  """Lifts fn(state, *data, *rest) to states stacked on a leading seed axis.
+
+  The first `num_data_args` arguments after the state are task arrays, with a
+  leading seed axis iff `seed_axis_data`; the remaining ones are shared.
+  Both strategies compute the same numbers (tests/train_test.py).
+  """
+  if resolve_seed_loop(seed_loop) == "vmap":
+    data_axis = 0 if seed_axis_data else None
+
+    def vmapped(states, *args):
+      in_axes = (0,) + (data_axis,) * num_data_args + (None,) * (len(args) - num_data_args)
+      return jax.vmap(fn, in_axes=in_axes)(states, *args)
+
+    return vmapped
+
+  def mapped(states, *args):
+    data, rest = args[:num_data_args], args[num_data_args:]
+    if seed_axis_data:
+      return jax.lax.map(lambda xs: fn(xs[0], *xs[1], *rest), (states, data))
+    return jax.lax.map(lambda state: fn(state, *data, *rest), states)
+
+  return mapped
+
+
 def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
-                     epochs: int, seed_axis_data: bool):
-  """jit(vmap(train_epochs)) over a leading seed axis; the state buffer is donated.
+                     epochs: int, seed_axis_data: bool, seed_loop: str = "auto"):
+  """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
   Args:
     seed_axis_data: True if the task arrays carry a leading seed axis (each
       seed has its own class order); False if all seeds share them.
+    seed_loop: "vmap", "map" (`lax.map`) or "auto" (see `resolve_seed_loop`).
   """
   fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs)
-  data_axis = 0 if seed_axis_data else None
-  return jax.jit(jax.vmap(fn, in_axes=(0, data_axis, data_axis, data_axis, None)), donate_argnums=0)
+  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), donate_argnums=0)
 
 
 class EvalCounts(NamedTuple):
@@ -214,7 +258,6 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
   return EvalCounts(correct, correct_masked, count)
 
 
-def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool):
-  data_axis = 0 if seed_axis_data else None
+def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto"):
   fn = functools.partial(evaluate_tasks, spec=spec)
-  return jax.jit(jax.vmap(fn, in_axes=(0, data_axis, data_axis, data_axis, data_axis)))
+  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=4))

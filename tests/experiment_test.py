@@ -115,3 +115,13 @@ def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
     experiment.train_and_evaluate(config, tmp_path)
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["status"] == "failed" and "task 0, epoch 1" in saved["failure"]
+
+
+def test_per_seed_class_orders(tmp_path):
+  """class_order='by_seed': each seed trains on its own (reference) class order, one program."""
+  config = _tiny(seeds=(3, 97), class_order="by_seed")
+  results = experiment.train_and_evaluate(config, tmp_path)
+  orders = [s["class_order"] for s in results["per_seed"]]
+  assert orders == [[5, 4, 1, 2, 9, 6, 7, 0, 3, 8], [7, 1, 2, 0, 6, 8, 4, 5, 9, 3]]
+  for s in results["per_seed"]:
+    assert s["acc_matrix"][0][0] > 0.9
