@@ -32,6 +32,7 @@ _NEURONS = flags.DEFINE_list("neurons", ["1000", "10000"], "Hidden widths r.")
 _EXAMPLES = flags.DEFINE_integer("examples", 12_665, "Examples per epoch (MNIST task 0 has 12,665).")
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed epochs per configuration (best is reported).")
+_THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (layers.kth_largest).")
 _MODES = flags.DEFINE_list("modes", ["switched", "switching", "linear", "relu"], "Which rows to time.")
 
 
@@ -65,8 +66,9 @@ def _spec(mode: str, n: int, r: int) -> models.ModelSpec:
     return models.relu_mlp(n, r, 10)
   if mode == "linear":
     # k_t = 500 at the timed epochs: the traced-k (bisection) path of the annealing phase.
-    return models.sdmlp(n, r, 10, k=10, k_schedule="linear", k_transition_epochs=LINEAR_S)
-  return models.sdmlp(n, r, 10, k=10, gaba_switch_activations=1000.0)
+    return models.sdmlp(n, r, 10, k=10, k_schedule="linear", k_transition_epochs=LINEAR_S,
+                        threshold_method=_THRESHOLD.value)
+  return models.sdmlp(n, r, 10, k=10, gaba_switch_activations=1000.0, threshold_method=_THRESHOLD.value)
 
 
 def epoch_time(mode: str, n: int, r: int, examples: int, batch: int, repeats: int) -> tuple[float, float]:
