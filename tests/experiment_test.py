@@ -9,16 +9,20 @@ from experiments.configs import split_mnist
 from sdm_jax import experiment
 
 
+def _set(config, field, value):
+  """Sets a dotted field, e.g. "model.k", of a ConfigDict."""
+  *path, leaf = field.split(".")
+  for part in path:
+    config = config[part]
+  config[leaf] = value
+
+
 def _tiny(variant="sdmlp", **overrides):
   config = split_mnist.get_config(f"{variant},tiny")
   config.epochs_per_task = 1
   config.model.neurons = 100
-  for key, value in overrides.items():
-    target = config
-    *path, leaf = key.split(".")
-    for part in path:
-      target = target[part]
-    target[leaf] = value
+  for field, value in overrides.items():
+    _set(config, field, value)
   return config
 
 
@@ -62,23 +66,10 @@ def test_reference_defaults():
 ])
 def test_bad_configs_name_the_field(field, value, match, tmp_path):
   config = split_mnist.get_config("sdmlp,tiny")
-  *path, leaf = field.split(".")
-  target = config
-  for part in path:
-    target = target[part]
-  with config.unlocked() if hasattr(config, "unlocked") else _null():
-    target[leaf] = value
+  _set(config, field, value)
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):
     experiment.train_and_evaluate(config, tmp_path / "run")
   assert not (tmp_path / "run").exists()  # refused before anything was written or compiled
-
-
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *a):
-    return False
 
 
 def test_unknown_variant_and_size():
