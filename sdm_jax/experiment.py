@@ -30,10 +30,11 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import layers, metrics, models, optim, train
+from sdm_jax import layers, metrics, models, optim, sparse, train
 
 DATASETS = {"mnist": 784, "fashion_mnist": 784}
 MODEL_KINDS = ("sdmlp", "relu", "topk")
+TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
 
 
 def _fail(field: str, message: str):
@@ -78,6 +79,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
   if o.clip_norm < 0:
     _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
+  if config.get("train_step", "auto") not in TRAIN_STEPS:
+    _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
   if config.epochs_per_task <= 0:
     _fail("epochs_per_task", f"must be positive, got {config.epochs_per_task}")
   if config.eval_every <= 0 or config.epochs_per_task % config.eval_every:
@@ -111,6 +114,17 @@ def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
   if m.kind == "topk":
     return models.topk_mlp(**{**common, **fields})
   return models.sdmlp(**{**common, **fields})
+
+
+def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
+  """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
+  o = config.optimizer
+  if config.get("train_step", "auto") != "auto" or not sparse.eligible(
+      spec, optimizer=o.name, weight_decay=o.weight_decay):
+    return None
+  if train.resolve_seed_loop("auto") != "map":
+    return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
+  return sparse.SparseSGD(o.learning_rate, o.clip_norm or None)
 
 
 def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
@@ -188,6 +202,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
                                        epochs=config.eval_every, seed_axis_data=tasks["seed_axis"])
   evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"])
+  sparse_sgd = sparse_step_for(config, spec)
+  sparse_block = None
+  if sparse_sgd is not None:
+    sparse_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
+                                          epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
+                                          sparse_sgd=sparse_sgd)
 
   acc = np.zeros((num_seeds, num_tasks, num_tasks))
   acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
@@ -209,6 +229,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   steady_time, steady_steps, blocks_done = 0.0, 0, 0
   status = "running"
   failure = None
+  sparse_started = False
+  active_last = float("inf")
+  sparse_retry_at = 0
 
   def write_results():
     results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves, time.time() - start, status,
@@ -224,13 +247,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     for task in range(num_tasks):
       for block in range(blocks_per_task):
         t0 = time.time()
-        states, epoch_metrics = train_block(states, tasks["train_x"], tasks["train_y"],
-                                            tasks["train_sizes"], jnp.int32(task))
+        # Once few units fire per example (the GABA switch is nearly done), the sparse step
+        # pays off; it is exact either way (batches with too many active units run dense).
+        # Where a few examples keep many units active (neurons short of lambda = +1), most batches
+        # fall back to the dense step; then back off for a while and retry later.
+        use_sparse = (sparse_block is not None and active_last <= sparse_sgd.capacity(spec)
+                      and blocks_done >= sparse_retry_at)
+        if use_sparse and not sparse_started:
+          sparse_started = True
+          _log(f"task {task + 1} epoch {block * config.eval_every}: {active_last:.1f} active units per "
+               "example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
+        states, epoch_metrics = (sparse_block if use_sparse else train_block)(
+            states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
         counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
         counts, epoch_metrics, epochs_done, lam = jax.device_get(
             (counts, epoch_metrics, states.epoch,
              models_gaba_mean(states, spec)))
         dt = time.time() - t0
+        active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
+        if use_sparse and float(np.mean(epoch_metrics.sparse_fraction)) < 0.5:
+          sparse_retry_at = blocks_done + 10
         blocks_done += 1
         if blocks_done > 1:  # the first block includes compilation
           steady_time += dt
@@ -269,7 +305,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
              + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
              f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
              f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
-             f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
+             + (f"sparse steps {epoch_metrics.sparse_fraction[:, -1].mean():.0%} | " if use_sparse else "")
+             + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
     status = "finished"
   except BaseException as e:
     if status == "running":

@@ -122,6 +122,50 @@ def _kth_largest_chunked(a: jax.Array, k: jax.Array, k_bound: int, chunk: int = 
   return _kth_largest_peel(candidates, k, min(k_bound, candidates.shape[-1]))
 
 
+def top_values_and_indices(a: jax.Array, m: int, *, chunk: int = 8) -> tuple[jax.Array, jax.Array]:
+  """The m largest values along the last axis, in descending order, and their indices.
+
+  Exact, ties counted with multiplicity (like a sort), for non-negative `a`.
+  No sort and no `lax.top_k` (both slow on XLA:CPU, DESIGN §4): one full pass
+  takes the maxima of chunks of `chunk` values; the m chunks with the largest
+  maxima hold the m largest values (see `_kth_largest_chunked`), and argmax
+  peeling over those m * chunk candidates finds them in order. Used by the
+  sparse training step, which needs the winners' indices, not only I.
+
+  Args:
+    a: non-negative float array [batch, r].
+    m: static number of values (k + 1 for the subtract threshold), m <= r.
+    chunk: chunk length of the first pass.
+
+  Returns:
+    (values [batch, m], indices [batch, m] int32), gradient-stopped.
+  """
+  a = lax.stop_gradient(a)
+  batch, r = a.shape
+  if m > r:
+    raise ValueError(f"m={m} exceeds the {r} values per row")
+  num_chunks = -(-r // chunk)
+  padded = jnp.pad(a, [(0, 0), (0, num_chunks * chunk - r)], constant_values=-1.0)
+  chunks = padded.reshape(batch, num_chunks, chunk)
+  _, chunk_ids = _peel_argmax(chunks.max(-1), min(m, num_chunks))
+  candidates = jnp.take_along_axis(chunks, chunk_ids[:, :, None], axis=1).reshape(batch, -1)
+  values, positions = _peel_argmax(candidates, m)
+  indices = jnp.take_along_axis(chunk_ids, positions // chunk, axis=1) * chunk + positions % chunk
+  return values, indices.astype(jnp.int32)
+
+
+def _peel_argmax(a: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+  """m passes of (max, argmax, knock that one entry out): sorted top-m of a [batch, r]."""
+  column = lax.broadcasted_iota(jnp.int32, a.shape, 1)
+  values, indices = [], []
+  for _ in range(m):
+    index = jnp.argmax(a, axis=-1)
+    values.append(jnp.max(a, axis=-1))
+    indices.append(index)
+    a = jnp.where(column == index[:, None], -jnp.inf, a)
+  return jnp.stack(values, axis=1), jnp.stack(indices, axis=1)
+
+
 def _kth_largest_top_k(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
   values = lax.top_k(a, k_bound)[0]
   index = jnp.clip(k - 1, 0, k_bound - 1)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax import models
+from sdm_jax import models, sparse
 
 
 @flax.struct.dataclass
@@ -59,6 +59,7 @@ class EpochMetrics(NamedTuple):
   accuracy: jax.Array
   dead_fraction: jax.Array  # neurons whose summed activation over the epoch < 1e-4 (reference §2)
   active_per_example: jax.Array  # mean number of neurons > 0 per example
+  sparse_fraction: jax.Array  # fraction of the epoch's steps that ran the sparse step (sdm_jax/sparse.py)
 
 
 DEAD_ACTIVITY_THRESHOLD = 1e-4
@@ -101,7 +102,7 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
                tx: optax.GradientTransformation):
   """One optimiser step on one (possibly partly padded) batch.
 
-  Returns the new state and (loss sum, correct, activity sum [r], active count).
+  Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
   """
   x = to_float_input(x_uint8)
   dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
@@ -115,17 +116,19 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
   counts = state.gaba_counts + fired.sum(0) if spec.k_schedule == "gaba" else state.gaba_counts
   new_state = state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1)
   stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid),
-           jnp.sum(hidden * validf, axis=0), fired.sum())
+           jnp.sum(hidden * validf, axis=0), fired.sum(), jnp.zeros((), jnp.int32))
   return new_state, stats
 
 
 def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.ModelSpec,
-                tx: optax.GradientTransformation, batch_size: int):
+                tx: optax.GradientTransformation, batch_size: int, sparse_sgd: sparse.SparseSGD | None = None):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
   The number of scanned batches is ceil(rows / batch_size) for the padded
   shape; batches past the task's true size are skipped with `lax.cond`
-  (under `vmap` both branches run, and the skip is a select).
+  (under `vmap` both branches run, and the skip is a select). With
+  `sparse_sgd`, steps are `sparse.train_step` and `state.params` must hold the
+  neuron-major hidden kernel (`train_epochs` arranges that).
   """
   n = x_task.shape[0]
   num_batches = -(-n // batch_size)
@@ -143,34 +146,50 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
     valid = pos < task_size
 
     def step(state):
-      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx)
+      if sparse_sgd is not None:
+        return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec,
+                                 sgd=sparse_sgd, dense_step=dense_step)
+      return dense_step(state, x_task[idx], y_task[idx], valid)
 
     def skip(state):
-      zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()))
       return state, zeros
 
     state, stats = jax.lax.cond(valid[0], step, skip, state)
     totals = jax.tree.map(jnp.add, totals, stats)
     return (state, totals), None
 
-  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()))
-  (state, (loss_sum, correct, activity, active)), _ = jax.lax.scan(body, (state, zeros), (order, positions))
+  dense_step = functools.partial(train_step, spec=spec, tx=tx)
+  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()),
+           jnp.zeros((), jnp.int32))
+  (state, (loss_sum, correct, activity, active, sparse_steps)), _ = jax.lax.scan(
+      body, (state, zeros), (order, positions))
   count = jnp.maximum(task_size, 1).astype(jnp.float32)
+  steps = jnp.maximum(-(-task_size // batch_size), 1)
   metrics = EpochMetrics(loss=loss_sum / count, accuracy=correct / count,
                          dead_fraction=jnp.mean(activity < DEAD_ACTIVITY_THRESHOLD),
-                         active_per_example=active / count)
+                         active_per_example=active / count, sparse_fraction=sparse_steps / steps)
   return state.replace(epoch=state.epoch + 1), metrics
 
 
 def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec, tx, batch_size: int,
-                 epochs: int):
-  """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...]."""
+                 epochs: int, sparse_sgd: sparse.SparseSGD | None = None):
+  """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
+
+  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.sparse`;
+  the caller checks it is exact); the hidden kernel is carried neuron-major
+  inside the block and transposed back at its end.
+  """
   x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
 
   def body(state, _):
-    return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size)
+    return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size,
+                       sparse_sgd=sparse_sgd)
 
-  return jax.lax.scan(body, state, None, length=epochs)
+  if sparse_sgd is None:
+    return jax.lax.scan(body, state, None, length=epochs)
+  state = state.replace(params=sparse.to_neuron_major(state.params))
+  state, metrics = jax.lax.scan(body, state, None, length=epochs)
+  return state.replace(params=sparse.to_input_major(state.params)), metrics
 
 
 SEED_LOOPS = ("auto", "vmap", "map")
@@ -217,15 +236,23 @@ def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_ar
 
 
 def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
-                     epochs: int, seed_axis_data: bool, seed_loop: str = "auto"):
+                     epochs: int, seed_axis_data: bool, seed_loop: str = "auto",
+                     sparse_sgd: sparse.SparseSGD | None = None):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
   Args:
     seed_axis_data: True if the task arrays carry a leading seed axis (each
       seed has its own class order); False if all seeds share them.
     seed_loop: "vmap", "map" (`lax.map`) or "auto" (see `resolve_seed_loop`).
+    sparse_sgd: run the sparse SGD step instead of `tx` (the same clip -> sgd
+      -> projection chain, computed only for the active units; batches with
+      too many active units fall back to the dense step). Needs
+      `sparse.eligible(spec, optimizer=...)` and `tx` = that chain.
   """
-  fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs)
+  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd"):
+    raise ValueError(f"the sparse step is not exact for this model: {sparse.ineligibility(spec, optimizer='sgd')}")
+  fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs,
+                         sparse_sgd=sparse_sgd)
   return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), donate_argnums=0)
 
 

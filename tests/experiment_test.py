@@ -63,6 +63,7 @@ def test_reference_defaults():
     ("seeds", (), "config.seeds"),
     ("seeds", (1, 1), "config.seeds"),
     ("class_order", "random", "config.class_order"),
+    ("train_step", "sparse", "config.train_step"),
 ])
 def test_bad_configs_name_the_field(field, value, match, tmp_path):
   config = split_mnist.get_config("sdmlp,tiny")
@@ -117,3 +118,15 @@ def test_per_seed_class_orders(tmp_path):
   alone = experiment.train_and_evaluate(_tiny(seeds=(97,), class_order="by_seed"), tmp_path / "alone")
   np.testing.assert_allclose(alone["per_seed"][0]["acc_matrix"], results["per_seed"][1]["acc_matrix"], atol=1e-3)
   assert alone["per_seed"][0]["acc_matrix"][0][0] > 0.9
+
+
+def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, capfd):
+  """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
+  overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.gaba_switch_activations": 2e4}
+  auto = experiment.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
+  assert "continuing with the sparse SGD step" in capfd.readouterr().err
+  dense = experiment.train_and_evaluate(_tiny(train_step="dense", **overrides), tmp_path / "dense")
+  assert "continuing with the sparse SGD step" not in capfd.readouterr().err
+  for a, d in zip(auto["per_seed"], dense["per_seed"]):
+    np.testing.assert_allclose(a["acc_matrix"], d["acc_matrix"], atol=2e-3)  # <= a few test examples
+    assert a["curves"][-1]["loss"] == pytest.approx(d["curves"][-1]["loss"], rel=1e-4)

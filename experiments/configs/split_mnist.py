@@ -50,6 +50,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.epochs_per_task = REFERENCE_EPOCHS_PER_TASK
   config.eval_every = 10
   config.batch_size = 128
+  # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/sparse.py).
+  # "dense": always the dense step.
+  config.train_step = "auto"
 
   config.model = ml_collections.ConfigDict()
   config.model.kind = "sdmlp"

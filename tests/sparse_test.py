@@ -1,0 +1,123 @@
+"""The sparse SGD step against the dense engine step, and the top-k-with-indices selector."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax import data, layers, models, optim, sparse, train
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_task(per_task=700):
+  """Real MNIST digits 0/1 then 2/3 (first `per_task` examples each), padded to one shape."""
+  ds = data.load_dataset("mnist")
+  classes = data.task_classes(data.class_order(None), 2)[:2]
+  splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
+  x, y, sizes = data.pad_tasks([(a[: per_task - 50 * i], b[: per_task - 50 * i]) for i, (a, b) in enumerate(splits)])
+  return (jnp.asarray(x.reshape(x.shape[0], x.shape[1], -1)), jnp.asarray(y, jnp.int32), jnp.asarray(sizes))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_values_and_indices_match_a_sort(ties):
+  rng = np.random.default_rng(0)
+  a = rng.random((32, 203)).astype(np.float32)  # 203: the last chunk is partial
+  if ties:
+    a = np.round(a * 5) / 5
+    a[rng.random(a.shape) < 0.4] = 0.0
+  values, indices = jax.jit(lambda a: layers.top_values_and_indices(a, 11))(a)
+  values, indices = np.asarray(values), np.asarray(indices)
+  np.testing.assert_array_equal(values, -np.sort(-a, axis=1)[:, :11])
+  np.testing.assert_array_equal(np.take_along_axis(a, indices, axis=1), values)  # indices point at them
+  assert all(len(set(row)) == 11 for row in indices.tolist())  # ties: distinct units, counted with multiplicity
+  with pytest.raises(ValueError, match="exceeds"):
+    layers.top_values_and_indices(jnp.zeros((2, 5)), 6)
+
+
+def test_sparse_block_is_exact_through_the_gaba_switch():
+  """From lambda = -1 (every unit fires: dense fallback) through the switch (sparse steps)."""
+  x, y, sizes = _mnist_task()
+  spec = models.sdmlp(784, 60, 10, k=4, gaba_switch_activations=1000.0)
+  tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=3, seed_axis_data=False)
+  dense = train.make_train_block(**kwargs)
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_active=20))
+  a = train.init_states(np.array([0]), spec=spec, tx=tx)
+  b = train.init_states(np.array([0]), spec=spec, tx=tx)
+  a, a_metrics = dense(a, x, y, sizes, jnp.int32(0))
+  b, b_metrics = fast(b, x, y, sizes, jnp.int32(0))
+  fractions = np.asarray(b_metrics.sparse_fraction[0])
+  assert fractions[0] == 0 and 0 < fractions[1] < 1 and fractions[2] == 1  # dense, mixed, sparse
+  assert float(b.gaba_counts.min()) < spec.gaba_switch_activations  # some lambdas still < 1
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+  np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
+
+
+def _switched_states(spec, tx, seeds):
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
+  if spec.k_schedule == "gaba":  # past the switch: every lambda = +1
+    states = states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
+  return states
+
+
+@pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"),
+                                                     (None, 0.3, "flat")])
+def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule):
+  """Same params, counters and metrics as the dense step, with neurons shared across each batch
+  (40 neurons, k = 5, batch 64: every batch picks most neurons many times)."""
+  x, y, sizes = _mnist_task()
+  spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
+  tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
+                            projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
+  dense = train.make_train_block(**kwargs)
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm))
+  a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
+  for task in range(2):
+    a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
+    b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+    chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0),
+                                atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
+  assert int(a.step[0]) == int(b.step[0])
+  assert float(b_metrics.active_per_example[0, -1]) <= spec.k
+  # The test is not vacuous: training moved the addresses, and clipping changed the step when on.
+  start = _switched_states(spec, tx, [0, 1])
+  assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
+
+
+def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons():
+  """One step by hand: the clipped update equals optax's, where several examples share neurons."""
+  x, y, _ = _mnist_task()
+  spec = models.sdmlp(784, 12, 10, k=3, k_schedule="flat")
+  tx = optim.make_optimizer("sgd", 1.0, clip_norm=1e-3,
+                            projection=functools.partial(models.project_params, spec=spec))
+  state = jax.tree.map(lambda a: a[0], _switched_states(spec, tx, [3]))
+  xb, yb, valid = train.to_float_input(x[0, :50]), y[0, :50], jnp.arange(50) < 47
+  dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
+  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, 1e-3),
+                                        dense_step=functools.partial(train.train_step, spec=spec, tx=tx)))
+  fast, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), xb, yb, valid)
+  assert int(stats[-1]) == 1  # the sparse branch ran
+  chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
+
+
+@pytest.mark.parametrize("spec,optimizer,reason", [
+    (models.sdmlp(784, 50, 10, k_schedule="linear"), "sgd", "k_schedule"),
+    (models.sdmlp(784, 50, 10), "sgdm", "optimizer"),
+    (models.sdmlp(784, 50, 10, hidden_bias=True), "sgd", "biases"),
+    (models.sdmlp(784, 50, 10, l2_norm=False), "sgd", "constraint"),
+    (models.relu_mlp(784, 50, 10), "sgd", "k_schedule"),
+])
+def test_ineligible_models_are_refused(spec, optimizer, reason):
+  assert reason in sparse.ineligibility(spec, optimizer=optimizer)
+  if optimizer == "sgd":
+    with pytest.raises(ValueError, match="not exact"):
+      train.make_train_block(spec=spec, tx=optim.make_optimizer("sgd", 0.1), batch_size=8, epochs=1,
+                             seed_axis_data=False, sparse_sgd=sparse.SparseSGD(0.1))
