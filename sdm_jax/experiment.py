@@ -247,26 +247,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     for task in range(num_tasks):
       for block in range(blocks_per_task):
         t0 = time.time()
-        # Once few units fire per example (the GABA switch is nearly done), the sparse step
-        # pays off; it is exact either way (batches with too many active units run dense).
-        # Where a few examples keep many units active (neurons short of lambda = +1), most batches
-        # fall back to the dense step; then back off for a while and retry later.
-        use_sparse = (sparse_block is not None and active_last <= sparse_sgd.capacity(spec)
+        # Once few units fire per example (the GABA switch is nearly done), try the sparse step;
+        # `run_block` redoes the block densely when it was not exact, and we back off for a while.
+        try_sparse = (sparse_block is not None and active_last <= sparse_sgd.capacity(spec)
                       and blocks_done >= sparse_retry_at)
-        if use_sparse and not sparse_started:
+        states, epoch_metrics, ran_sparse = train.run_block(
+            states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task),
+            dense_block=train_block, sparse_block=sparse_block if try_sparse else None)
+        if try_sparse and not ran_sparse:
+          sparse_retry_at = blocks_done + 10
+        if ran_sparse and not sparse_started:
           sparse_started = True
-          _log(f"task {task + 1} epoch {block * config.eval_every}: {active_last:.1f} active units per "
-               "example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
-        states, epoch_metrics = (sparse_block if use_sparse else train_block)(
-            states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+          _log(f"task {task + 1} epoch {block * config.eval_every}: at most {sparse_sgd.capacity(spec)} active "
+               "units per example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
         counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
         counts, epoch_metrics, epochs_done, lam = jax.device_get(
             (counts, epoch_metrics, states.epoch,
              models_gaba_mean(states, spec)))
         dt = time.time() - t0
         active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
-        if use_sparse and float(np.mean(epoch_metrics.sparse_fraction)) < 0.5:
-          sparse_retry_at = blocks_done + 10
         blocks_done += 1
         if blocks_done > 1:  # the first block includes compilation
           steady_time += dt
@@ -305,7 +304,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
              + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
              f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
              f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
-             + (f"sparse steps {epoch_metrics.sparse_fraction[:, -1].mean():.0%} | " if use_sparse else "")
+             + ("sparse step | " if ran_sparse else "")
              + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
     status = "finished"
   except BaseException as e:

@@ -2,9 +2,10 @@
 
 Synopsis::
 
-    if sparse.eligible(spec, optimizer="sgd"):
-      block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10,
-                                     seed_axis_data=False, sparse_sgd=sparse.SparseSGD(0.05, 1.0))
+    dense = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)
+    fast = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False,
+                                  sparse_sgd=sparse.SparseSGD(0.05, 1.0))   # needs sparse.eligible(...)
+    states, metrics, ran_sparse = train.run_block(states, *task_data, dense_block=dense, sparse_block=fast)
 
 Why it is exact. Eq. 4 / Eq. 8 give a* = relu(a - lambda I) with I the detached
 (k+1)-th largest activation: once every lambda is +1 at most k units per
@@ -30,18 +31,19 @@ neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
 columns); `train.make_train_block` transposes in and out once per block.
 
 A batch in which some example has more than m active units (early in the
-switch, lambda = -1 makes every unit fire) runs the dense step instead, inside
-the same compiled program (`lax.cond`). The dense path (`train.train_step`)
-stays for momentum optimisers, regularisers, biases, dropout, masks and linear
-annealing. `tests/sparse_test.py` checks the two agree to 1e-5, through the
-switch, with neurons shared across a batch. On CPU the seeds run under
-`lax.map`, so the cond really skips the branch not taken; under `vmap` (GPU/TPU)
-both branches would run, so the engine uses the sparse step on CPU only.
+switch, lambda = -1 makes every unit fire; later, neurons short of +1 fire
+beyond the top k) is flagged, and `train.run_block` redoes the whole block of
+epochs with the dense step from a copy of the state, so results are always
+exact. The dense path (`train.train_step`) stays for momentum optimisers,
+regularisers, biases, dropout, masks and linear annealing.
+`tests/sparse_test.py` checks the two agree to 1e-5, through the switch, with
+neurons shared across a batch. Measured on CPU only (benchmarks/README.md);
+the experiment runner uses it on CPU (`lax.map` over seeds) only.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,10 +55,11 @@ from sdm_jax import layers, models
 class SparseSGD(NamedTuple):
   """The optimiser the sparse step implements: clip_by_global_norm -> sgd -> projection.
 
-  `max_active` is the static number of units per example the sparse step can
-  carry (default 2k + 4: after the switch at most k fire, and neurons still
-  short of lambda = +1 add a few). A batch in which any example has more active
-  units takes the dense step instead, so the result is always exact.
+  `max_active` is the static number of active units per example the sparse
+  step carries (default k: after the switch at most k fire). A batch in which
+  some example has more (neurons still short of lambda = +1 fire beyond the
+  top k) takes the dense step instead, so the result is always exact. The
+  scatters cost B * max_active rows, so a larger value is slower everywhere.
   """
 
   learning_rate: float
@@ -64,8 +67,7 @@ class SparseSGD(NamedTuple):
   max_active: int | None = None
 
   def capacity(self, spec: models.ModelSpec) -> int:
-    cap = self.max_active or 2 * spec.k + 4
-    return min(cap, spec.neurons)
+    return min(self.max_active or spec.k, spec.neurons)
 
 
 def ineligibility(spec: models.ModelSpec, *, optimizer: str, weight_decay: float = 0.0,
@@ -100,41 +102,48 @@ def to_neuron_major(params: dict) -> dict:
 to_input_major = to_neuron_major  # the transpose is its own inverse
 
 
-def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD, dense_step: Callable):
+def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
   """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
 
   Same contract as `train.train_step` (x is float here): returns the new state
-  and (loss sum, correct, activity sum [r], active count, sparse steps).
-  If some example has more than `sgd.capacity(spec)` active units (early in
-  the GABA switch every unit fires), the batch runs `dense_step` instead,
-  under `lax.cond`, so the step is always exact.
+  and (loss sum, correct, activity sum [r], active count, fits). `fits` is 1
+  when no example had more than `sgd.capacity(spec)` active units, i.e. when
+  the step was exact; otherwise the step dropped the weakest extra units and
+  the caller must redo the block with the dense step (`train.run_block`). A
+  per-step `lax.cond` fallback would be simpler, but on XLA:CPU it costs ~1 ms
+  per step in buffer copies, more than the sparse step saves at 1K neurons.
   """
   x = layers.sdm_input(x)
   a = jax.nn.relu(x @ state.params["hidden"]["kernel"].T)
-  threshold = layers.kth_largest(a, spec.k + 1, method=spec.threshold_method, k_bound=spec.k + 1)
-  scale = 1.0
-  if spec.k_schedule == "gaba":
-    scale = layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
-  activations = layers.topk_subtract(a, threshold, scale)  # a* of Eq. 4 / Eq. 8, [B, r]
   capacity = sgd.capacity(spec)
-  most_active = jnp.max(jnp.where(valid, jnp.sum(activations > 0, axis=-1), 0))
+  top_values, top_indices = layers.top_values_and_indices(a, max(spec.k + 1, capacity))
+  threshold = top_values[:, spec.k]  # I of Eq. 4 / Eq. 8: the (k+1)-th largest
 
-  def sparse_branch(state):
-    return _sparse_update(state, x, activations, y, valid, spec=spec, sgd=sgd, capacity=capacity)
+  def winners_after_switch():
+    # lambda = +1 everywhere: the active units are the top k of a, reduced by I.
+    return jax.nn.relu(top_values[:, :capacity] - threshold[:, None]), top_indices[:, :capacity]
 
-  def dense_branch(state):
-    state = state.replace(params=to_input_major(state.params))
-    state, stats = dense_step(state, x, y, valid)
-    return state.replace(params=to_neuron_major(state.params)), stats
+  if spec.k_schedule == "gaba":
+    lam = layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
+    # relu(a - lambda I) > 0 <=> a > lambda I: one fused counting pass.
+    most_active = jnp.max(jnp.where(valid, jnp.sum(a > lam * threshold[:, None], axis=-1), 0))
 
-  return jax.lax.cond(most_active <= capacity, sparse_branch, dense_branch, state)
+    def winners_during_switch():
+      return layers.top_values_and_indices(layers.topk_subtract(a, threshold, lam), capacity)
+
+    hidden, winners = jax.lax.cond(jnp.all(lam >= 1.0), winners_after_switch, winners_during_switch)
+  else:
+    most_active = jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
+    hidden, winners = winners_after_switch()
+  state, stats = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
+  return state, stats[:-1] + ((most_active <= capacity).astype(jnp.int32),)
 
 
-def _sparse_update(state, x, activations, y, valid, *, spec, sgd, capacity):
+def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
+  """The SGD step from the active units' values `hidden` [B, m] and indices `winners` [B, m]."""
   addresses = state.params["hidden"]["kernel"]  # [r, n]
   values_kernel = state.params["output"]["kernel"]  # [r, classes]
   batch = x.shape[0]
-  hidden, winners = layers.top_values_and_indices(activations, capacity)  # every active unit, [B, m]
   validf = valid.astype(jnp.float32)
   hidden = hidden * validf[:, None]  # padded rows neither learn nor count
   gathered_values = values_kernel[winners]  # [B, m, classes]

@@ -59,7 +59,7 @@ class EpochMetrics(NamedTuple):
   accuracy: jax.Array
   dead_fraction: jax.Array  # neurons whose summed activation over the epoch < 1e-4 (reference §2)
   active_per_example: jax.Array  # mean number of neurons > 0 per example
-  sparse_fraction: jax.Array  # fraction of the epoch's steps that ran the sparse step (sdm_jax/sparse.py)
+  sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/sparse.py)
 
 
 DEAD_ACTIVITY_THRESHOLD = 1e-4
@@ -148,8 +148,8 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
     def step(state):
       if sparse_sgd is not None:
         return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec,
-                                 sgd=sparse_sgd, dense_step=dense_step)
-      return dense_step(state, x_task[idx], y_task[idx], valid)
+                                 sgd=sparse_sgd)
+      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx)
 
     def skip(state):
       return state, zeros
@@ -158,7 +158,6 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
     totals = jax.tree.map(jnp.add, totals, stats)
     return (state, totals), None
 
-  dense_step = functools.partial(train_step, spec=spec, tx=tx)
   zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()),
            jnp.zeros((), jnp.int32))
   (state, (loss_sum, correct, activity, active, sparse_steps)), _ = jax.lax.scan(
@@ -245,15 +244,33 @@ def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation
       seed has its own class order); False if all seeds share them.
     seed_loop: "vmap", "map" (`lax.map`) or "auto" (see `resolve_seed_loop`).
     sparse_sgd: run the sparse SGD step instead of `tx` (the same clip -> sgd
-      -> projection chain, computed only for the active units; batches with
-      too many active units fall back to the dense step). Needs
-      `sparse.eligible(spec, optimizer=...)` and `tx` = that chain.
+      -> projection chain, computed only for the active units). Needs
+      `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
+      where `metrics.sparse_fraction` is 1: run it through `run_block`.
   """
   if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd"):
     raise ValueError(f"the sparse step is not exact for this model: {sparse.ineligibility(spec, optimizer='sgd')}")
   fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs,
                          sparse_sgd=sparse_sgd)
   return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), donate_argnums=0)
+
+
+def run_block(states: TrainState, *data, dense_block, sparse_block=None):
+  """One block of epochs, with the sparse step when it is exact, else the dense one.
+
+  The sparse block runs on the states and reports, per epoch, the fraction of
+  steps it took exactly; if any step was not exact (an example had more active
+  units than the sparse step carries), the block is redone with `dense_block`
+  from a copy of the input states. Returns (states, metrics, ran_sparse).
+  """
+  if sparse_block is None:
+    return (*dense_block(states, *data), False)
+  backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state
+  new_states, metrics = sparse_block(states, *data)
+  if bool(jnp.all(metrics.sparse_fraction == 1.0)):
+    return new_states, metrics, True
+  del new_states
+  return (*dense_block(backup, *data), False)
 
 
 class EvalCounts(NamedTuple):

@@ -122,7 +122,7 @@ def test_per_seed_class_orders(tmp_path):
 
 def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, capfd):
   """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
-  overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.gaba_switch_activations": 2e4}
+  overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
   auto = experiment.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
   assert "continuing with the sparse SGD step" in capfd.readouterr().err
   dense = experiment.train_and_evaluate(_tiny(train_step="dense", **overrides), tmp_path / "dense")
