@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from sdm_jax import data, layers, models, optim, sparse, train
@@ -94,16 +95,26 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule):
   assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
 
 
-def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons():
-  """One step by hand: the clipped update equals optax's, where several examples share neurons."""
+@pytest.mark.parametrize("clip_factor", [0.01, 1.05, 1e3])
+def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor):
+  """One step: the (clipped) update equals optax's, where several examples share neurons.
+
+  clip = factor x the true gradient norm: 0.01 clips (exact norm); 1e3 is settled by the
+  cheap bound; 1.05 does not clip, but with 12 neurons shared by 47 examples the bound
+  (no cross-term cancellation) exceeds the clip, so the exact norm decides.
+  """
   x, y, _ = _mnist_task()
   spec = models.sdmlp(784, 12, 10, k=3, k_schedule="flat")
-  tx = optim.make_optimizer("sgd", 1.0, clip_norm=1e-3,
-                            projection=functools.partial(models.project_params, spec=spec))
-  state = jax.tree.map(lambda a: a[0], _switched_states(spec, tx, [3]))
+  projection = functools.partial(models.project_params, spec=spec)
+  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optim.make_optimizer("sgd", 1.0), [3]))
   xb, yb, valid = train.to_float_input(x[0, :50]), y[0, :50], jnp.arange(50) < 47
+  grads, _ = jax.grad(train.loss_and_stats, has_aux=True)(state.params, state, xb, yb, valid, spec=spec,
+                                                          dropout_key=None)
+  clip_norm = clip_factor * float(optax.tree.norm(grads))
+  tx = optim.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
+  state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
-  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, 1e-3)))
+  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, clip_norm)))
   fast, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), xb, yb, valid)
   assert int(stats[-1]) == 1  # the step was exact
   chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
