@@ -190,11 +190,15 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
     step_size = jnp.where(grad_norm < sgd.clip_norm, step_size,
                           step_size * sgd.clip_norm / jnp.maximum(grad_norm, 1e-38))
 
-  # Update and re-project only the touched address rows (duplicates write equal rows).
+  # Update, then re-project only the touched address rows. The projected rows are written
+  # once per neuron (its first slot; the others are dropped), which lets XLA scatter
+  # without collision handling.
   address_steps = (-step_size * d_hidden)[:, :, None] * x[:, None, :]  # [B, m, n]
   addresses = addresses.at[flat].add(address_steps.reshape(-1, addresses.shape[1]))
+  slot = jnp.arange(flat.shape[0])
+  first_slot = jnp.full((spec.neurons,), flat.shape[0]).at[flat].min(slot)[flat] == slot
   rows = layers.l2_normalize(jax.nn.relu(addresses[flat]), axis=-1)
-  addresses = addresses.at[flat].set(rows)
+  addresses = addresses.at[jnp.where(first_slot, flat, spec.neurons)].set(rows, unique_indices=True, mode="drop")
   values_kernel = jax.nn.relu(values_kernel - step_size * d_values)
 
   fired = (hidden > 0).astype(jnp.float32)
