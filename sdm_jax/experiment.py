@@ -307,6 +307,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
              + ("sparse step | " if ran_sparse else "")
              + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
     status = "finished"
+    save_final_state(workdir / "final_state.npz", states, seeds)
   except BaseException as e:
     if status == "running":
       status = "failed"
@@ -319,6 +320,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
        + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {num_seeds} seeds)" if num_seeds > 1 else "")
        + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}")
   return results
+
+
+def save_final_state(path: pathlib.Path, states: train.TrainState, seeds) -> None:
+  """The trained parameters and GABA counters of every seed, for analysis (experiments.analyze).
+
+  Keys: "seeds" [S]; "params/hidden/kernel" [S, n, r], "params/output/kernel" [S, r, C]
+  (and biases when the model has them); "gaba_counts" [S, r]. Plain numpy, so any tool reads it.
+  """
+  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
+  for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
+    arrays["params/" + "/".join(str(k.key) for k in keypath)] = np.asarray(leaf)
+  np.savez(path, **arrays)
+
+
+def load_final_state(path) -> tuple[np.ndarray, dict, np.ndarray]:
+  """(seeds, params with a leading seed axis, gaba_counts) as written by `save_final_state`."""
+  with np.load(path) as f:
+    params: dict = {}
+    for name in f.files:
+      if name.startswith("params/"):
+        *parents, leaf = name.split("/")[1:]
+        node = params
+        for part in parents:
+          node = node.setdefault(part, {})
+        node[leaf] = f[name]
+    return f["seeds"], params, f["gaba_counts"]
 
 
 def models_gaba_mean(states: train.TrainState, spec: models.ModelSpec):

@@ -99,6 +99,10 @@ def test_tiny_run_writes_results(tmp_path):
     assert seed_result["final_accuracy_task_incremental"] >= seed_result["final_accuracy"]
   finals = [s["final_accuracy"] for s in saved["per_seed"]]
   assert results["summary"]["final_accuracy_mean"] == pytest.approx(np.mean(finals))
+  seeds, params, counts = experiment.load_final_state(tmp_path / "final_state.npz")
+  assert seeds.tolist() == [0, 1] and params["hidden"]["kernel"].shape == (2, 784, 100)
+  assert params["output"]["kernel"].shape == (2, 100, 10) and counts.shape == (2, 100)
+  np.testing.assert_allclose(np.linalg.norm(params["hidden"]["kernel"], axis=1), 1.0, atol=1e-5)
 
 
 def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
