@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import layers, metrics, models, optim, sparse, train
+from sdm_jax import layers, metrics, models, optim, regularizers, sparse, train
 
 DATASETS = {"mnist": 784, "fashion_mnist": 784}
 MODEL_KINDS = ("sdmlp", "relu", "topk")
@@ -79,6 +79,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
   if o.clip_norm < 0:
     _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
+  r = config.get("regularizer")
+  if r is not None:
+    if r.method not in ("none",) + regularizers.METHODS:
+      _fail("regularizer.method", f"unknown regularizer {r.method!r}; choose one of {('none',) + regularizers.METHODS}")
+    if r.method != "none" and not r.strength > 0:
+      _fail("regularizer.strength", f"must be > 0 with regularizer {r.method!r}, got {r.strength}")
+    if not r.beta > 0:
+      _fail("regularizer.beta", f"must be > 0, got {r.beta}")
+    if r.fisher not in regularizers.FISHER_ESTIMATORS:
+      _fail("regularizer.fisher", f"must be one of {regularizers.FISHER_ESTIMATORS}, got {r.fisher!r}")
+    if r.fisher_labels not in regularizers.FISHER_LABELS:
+      _fail("regularizer.fisher_labels", f"must be one of {regularizers.FISHER_LABELS}, got {r.fisher_labels!r}")
+    if r.si_variant not in regularizers.SI_VARIANTS:
+      _fail("regularizer.si_variant", f"must be one of {regularizers.SI_VARIANTS}, got {r.si_variant!r}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
   if config.epochs_per_task <= 0:
@@ -116,11 +130,21 @@ def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
   return models.sdmlp(**{**common, **fields})
 
 
+def regularizer_spec(config: ml_collections.ConfigDict):
+  """The run's `regularizers.RegularizerSpec`, or None for `regularizer.method = "none"`."""
+  r = config.get("regularizer")
+  if r is None or r.method == "none":
+    return None
+  return regularizers.RegularizerSpec(method=r.method, strength=float(r.strength), beta=float(r.beta),
+                                      fisher=r.fisher, fisher_labels=r.fisher_labels, online=bool(r.online),
+                                      decay=float(r.decay), si_variant=r.si_variant)
+
+
 def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
   o = config.optimizer
   if config.get("train_step", "auto") != "auto" or not sparse.eligible(
-      spec, optimizer=o.name, weight_decay=o.weight_decay):
+      spec, optimizer=o.name, weight_decay=o.weight_decay, regularized=regularizer_spec(config) is not None):
     return None
   if train.resolve_seed_loop("auto") != "map":
     return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
@@ -198,9 +222,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   seeds = list(config.seeds)
   num_seeds = len(seeds)
 
-  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
+  regularizer = regularizer_spec(config)
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
   train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
-                                       epochs=config.eval_every, seed_axis_data=tasks["seed_axis"])
+                                       epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
+                                       regularizer=regularizer)
+  end_task = None
+  if regularizer is not None:
+    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=tasks["seed_axis"])
   evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"])
   sparse_sgd = sparse_step_for(config, spec)
   sparse_block = None
@@ -295,6 +324,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if block == blocks_per_task - 1:
           acc[:, task] = per_task
           acc_task_il[:, task] = per_task_il
+          if end_task is not None and task < num_tasks - 1:
+            # Task boundary: importances on the finished task, new anchors (reference §5).
+            states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
         rate = steady_steps / steady_time if steady_time else float("nan")
         remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
                      + steps_per_block[task] * (blocks_per_task - block - 1))

@@ -36,7 +36,7 @@ before computing importances: no dropout).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 import flax.struct
 import jax
@@ -56,6 +56,39 @@ REFERENCE_BATCH_SIZE = 512
 REFERENCE_NUM_BATCHES = 6
 REFERENCE_FISHER_DIVISOR = 5.0 * 512
 SI_DAMPING = 0.1  # xi of Zenke et al. (2017) and of the reference
+
+
+class RegularizerSpec(NamedTuple):
+  """Static description of the regulariser a run adds (bind with functools.partial).
+
+  Attributes:
+    method: "l2", "ewc", "mas" or "si".
+    strength: λ of the penalty (reference names: `l2_importance`,
+      `ewc_memory_importance`, `mas_importance`, `si_importance`).
+    beta: β of the tempered softmax (EWC's Fisher, SI's path-integral loss).
+    fisher: EWC estimator, "reference" or "exact".
+    fisher_labels: labels of the exact Fisher ("true", "sampled", "predicted").
+    online: EWC with one decayed slot instead of one per past task.
+    decay: online EWC's γ.
+    si_variant: "reference" (the authors' double backward) or "textbook".
+  """
+
+  method: str
+  strength: float
+  beta: float = 1.0
+  fisher: str = "reference"
+  fisher_labels: str = "predicted"
+  online: bool = False
+  decay: float = 1.0
+  si_variant: str = "reference"
+
+  def estimator_options(self) -> dict:
+    if self.method == "ewc":
+      options = dict(fisher=self.fisher, online=self.online, decay=self.decay, beta=self.beta)
+      if self.fisher == "exact":
+        options["labels"] = self.fisher_labels
+      return options
+    return {}
 
 
 @flax.struct.dataclass

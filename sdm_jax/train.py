@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax import models, sparse
+from sdm_jax import models, regularizers, sparse
 
 
 @flax.struct.dataclass
@@ -42,6 +42,8 @@ class TrainState:
     epoch: int32, global epoch counter E_t (drives the k schedule of Eq. 4).
     step: int32, optimiser steps taken.
     key: PRNG key (raw uint32[2]) for shuffling and dropout.
+    reg: `regularizers.RegState` (anchors θ*, importances Ω, SI's path
+      integral) when the run has a regulariser, else None.
   """
 
   params: Any
@@ -50,6 +52,7 @@ class TrainState:
   epoch: jax.Array
   step: jax.Array
   key: jax.Array
+  reg: Any = None
 
 
 class EpochMetrics(NamedTuple):
@@ -65,19 +68,26 @@ class EpochMetrics(NamedTuple):
 DEAD_ACTIVITY_THRESHOLD = 1e-4
 
 
-def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation) -> TrainState:
+def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation,
+               regularizer: regularizers.RegularizerSpec | None = None, num_tasks: int = 1) -> TrainState:
   """Initial state for one integer seed (vmap this over an array of seeds)."""
   key = jax.random.PRNGKey(seed)
   key, init_key = jax.random.split(key)
   params = models.init_params(init_key, spec)
+  reg = None
+  if regularizer is not None:
+    slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
+    reg = regularizers.init(params, num_slots=slots)
   return TrainState(params=params, opt_state=tx.init(params),
                     gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
-                    epoch=jnp.zeros((), jnp.int32), step=jnp.zeros((), jnp.int32), key=key)
+                    epoch=jnp.zeros((), jnp.int32), step=jnp.zeros((), jnp.int32), key=key, reg=reg)
 
 
-def init_states(seeds, *, spec: models.ModelSpec, tx: optax.GradientTransformation) -> TrainState:
+def init_states(seeds, *, spec: models.ModelSpec, tx: optax.GradientTransformation,
+                regularizer: regularizers.RegularizerSpec | None = None, num_tasks: int = 1) -> TrainState:
   """States of several seeds stacked on a leading axis."""
-  return jax.jit(jax.vmap(functools.partial(init_state, spec=spec, tx=tx)))(jnp.asarray(seeds))
+  init = functools.partial(init_state, spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
+  return jax.jit(jax.vmap(init))(jnp.asarray(seeds))
 
 
 def to_float_input(x_uint8: jax.Array) -> jax.Array:
@@ -87,19 +97,30 @@ def to_float_input(x_uint8: jax.Array) -> jax.Array:
   return x_uint8.astype(jnp.float32)
 
 
-def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.ModelSpec, dropout_key):
-  """Mean cross-entropy over the valid examples of a batch, plus what the step must count."""
+def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.ModelSpec, dropout_key,
+                   regularizer: regularizers.RegularizerSpec | None = None):
+  """Mean cross-entropy over the valid examples of a batch (plus the regulariser's penalty,
+  as in the reference's loss), and what the step must count."""
   k = models.current_k(spec, state.epoch)
   logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts,
                                   dropout_key=dropout_key)
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   n_valid = jnp.maximum(valid.sum(), 1)
   loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
+  if regularizer is not None:
+    loss = loss + regularizers.penalty(params, state.reg, regularizer.strength)
   return loss, (logits, hidden)
 
 
+def eval_logits_fn(state: TrainState, *, spec: models.ModelSpec):
+  """`logits_fn(params, x)` of the model in evaluation mode (no dropout), for the regularisers."""
+  k = models.current_k(spec, state.epoch)
+  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, k=k,
+                                          gaba_counts=state.gaba_counts)[0]
+
+
 def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
-               tx: optax.GradientTransformation):
+               tx: optax.GradientTransformation, regularizer: regularizers.RegularizerSpec | None = None):
   """One optimiser step on one (possibly partly padded) batch.
 
   Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
@@ -108,9 +129,16 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
   dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
   grad_fn = jax.value_and_grad(loss_and_stats, has_aux=True)
   (loss, (logits, hidden)), grads = grad_fn(state.params, state, x, y, valid, spec=spec,
-                                            dropout_key=dropout_key)
+                                            dropout_key=dropout_key, regularizer=regularizer)
+  si = regularizer is not None and regularizer.method == "si"
+  if si:  # SI's path-integral gradient, every step of every task (reference §5)
+    si_grad = regularizers.si_gradient(state.params, x, y, valid, logits_fn=eval_logits_fn(state, spec=spec),
+                                       variant=regularizer.si_variant, beta=regularizer.beta)
+    grads = regularizers.si_optimizer_grads(grads, si_grad, variant=regularizer.si_variant)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  if si:  # Δθ after the projection: the change the step really made
+    state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
   validf = valid.astype(jnp.float32)[:, None]
   fired = (hidden > 0).astype(jnp.float32) * validf
   counts = state.gaba_counts + fired.sum(0) if spec.k_schedule == "gaba" else state.gaba_counts
@@ -121,7 +149,8 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
 
 
 def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.ModelSpec,
-                tx: optax.GradientTransformation, batch_size: int, sparse_sgd: sparse.SparseSGD | None = None):
+                tx: optax.GradientTransformation, batch_size: int, sparse_sgd: sparse.SparseSGD | None = None,
+                regularizer: regularizers.RegularizerSpec | None = None):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
   The number of scanned batches is ceil(rows / batch_size) for the padded
@@ -149,7 +178,7 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
       if sparse_sgd is not None:
         return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec,
                                  sgd=sparse_sgd)
-      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx)
+      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer)
 
     def skip(state):
       return state, zeros
@@ -171,7 +200,8 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
 
 
 def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec, tx, batch_size: int,
-                 epochs: int, sparse_sgd: sparse.SparseSGD | None = None):
+                 epochs: int, sparse_sgd: sparse.SparseSGD | None = None,
+                 regularizer: regularizers.RegularizerSpec | None = None):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
   With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.sparse`;
@@ -182,7 +212,7 @@ def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec
 
   def body(state, _):
     return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size,
-                       sparse_sgd=sparse_sgd)
+                       sparse_sgd=sparse_sgd, regularizer=regularizer)
 
   if sparse_sgd is None:
     return jax.lax.scan(body, state, None, length=epochs)
@@ -236,7 +266,8 @@ def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_ar
 
 def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
                      epochs: int, seed_axis_data: bool, seed_loop: str = "auto",
-                     sparse_sgd: sparse.SparseSGD | None = None):
+                     sparse_sgd: sparse.SparseSGD | None = None,
+                     regularizer: regularizers.RegularizerSpec | None = None):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
   Args:
@@ -248,10 +279,11 @@ def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
       where `metrics.sparse_fraction` is 1: run it through `run_block`.
   """
-  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd"):
-    raise ValueError(f"the sparse step is not exact for this model: {sparse.ineligibility(spec, optimizer='sgd')}")
+  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularized=regularizer is not None):
+    raise ValueError("the sparse step is not exact here: "
+                     + sparse.ineligibility(spec, optimizer="sgd", regularized=regularizer is not None))
   fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs,
-                         sparse_sgd=sparse_sgd)
+                         sparse_sgd=sparse_sgd, regularizer=regularizer)
   return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), donate_argnums=0)
 
 
@@ -271,6 +303,27 @@ def run_block(states: TrainState, *data, dense_block, sparse_block=None):
     return new_states, metrics, True
   del new_states
   return (*dense_block(backup, *data), False)
+
+
+def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: models.ModelSpec,
+             regularizer: regularizers.RegularizerSpec) -> TrainState:
+  """The task boundary: importances on the just-finished task `task`, new anchors (reference §5).
+
+  Call it after the last epoch of every task but the last. EWC and MAS look at
+  that task's training data through the model in evaluation mode.
+  """
+  key = jax.random.fold_in(state.key, task)  # the importance loader's shuffle
+  reg = regularizers.consolidate(state.reg, state.params, train_x[task], train_y[task], train_sizes[task], key,
+                                 method=regularizer.method, logits_fn=eval_logits_fn(state, spec=spec),
+                                 **regularizer.estimator_options())
+  return state.replace(reg=reg)
+
+
+def make_end_task(*, spec: models.ModelSpec, regularizer: regularizers.RegularizerSpec, seed_axis_data: bool,
+                  seed_loop: str = "auto"):
+  """jit of `end_task` over the leading seed axis."""
+  fn = functools.partial(end_task, spec=spec, regularizer=regularizer)
+  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop))
 
 
 class EvalCounts(NamedTuple):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import data, models, optim, train
+from sdm_jax import data, models, optim, regularizers, train
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,3 +165,40 @@ def test_seed_loops_agree(seed_loop):
   chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
   with pytest.raises(ValueError, match="seed_loop"):
     train.resolve_seed_loop("pmap")
+
+
+@pytest.mark.parametrize("method,strength,options", [
+    ("ewc", 100.0, dict(fisher="exact", fisher_labels="true")),
+    ("ewc", 100.0, dict(beta=0.1)),  # the authors' estimator, tempered
+    ("l2", 1.0, {}),
+    ("mas", 10.0, {}),
+    ("si", 10.0, {}),
+])
+def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, options):
+  """Each regulariser through the engine: anchors at the task boundary, less forgetting than none."""
+  tasks = _mnist_tasks()
+  spec = models.relu_mlp(784, 100, 10)
+  tx = _setup(spec, lr=0.05)
+  evaluate = train.make_evaluate(spec=spec, seed_axis_data=False)
+  data = (tasks["train_x"], tasks["train_y"], tasks["train_sizes"])
+
+  def first_task_accuracy_after_two(regularizer):
+    states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=5)
+    block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False,
+                                   regularizer=regularizer)
+    states, _ = block(states, *data, jnp.int32(0))
+    if regularizer is not None:
+      end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
+      anchored = end_task(states, *data, jnp.int32(0))
+      chex.assert_trees_all_equal(jax.tree.map(lambda a: a[:, 0], anchored.reg.anchor), states.params)
+      assert bool(anchored.reg.filled[0, 0]) and int(anchored.reg.filled[0].sum()) == 1
+      states = anchored
+    states, metrics = block(states, *data, jnp.int32(1))
+    counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
+    return float(counts.correct[0, 0] / counts.count[0, 0]), float(counts.correct[0, 1] / counts.count[0, 1])
+
+  plain_first, plain_second = first_task_accuracy_after_two(None)
+  kept_first, kept_second = first_task_accuracy_after_two(
+      regularizers.RegularizerSpec(method=method, strength=strength, **options))
+  assert plain_first < 0.5 < plain_second  # without a regulariser task 0 is overwritten
+  assert kept_first > plain_first + 0.2, (kept_first, plain_first)

@@ -78,6 +78,17 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9  # used by sgdm only
   config.optimizer.clip_norm = 1.0
   config.optimizer.weight_decay = 0.0  # adamw only
+
+  # Continual-learning regulariser added to the loss (reference §5; paper Table 9).
+  config.regularizer = ml_collections.ConfigDict()
+  config.regularizer.method = "none"  # none | l2 | ewc | mas | si
+  config.regularizer.strength = 0.0  # lambda
+  config.regularizer.beta = 1.0  # tempered softmax of EWC's Fisher and SI's loss
+  config.regularizer.fisher = "reference"  # reference (authors' estimator) | exact (per-example)
+  config.regularizer.fisher_labels = "predicted"  # exact Fisher: true | sampled | predicted
+  config.regularizer.online = False  # EWC: one decayed slot instead of one per past task
+  config.regularizer.decay = 1.0  # online EWC's gamma
+  config.regularizer.si_variant = "reference"  # reference (authors' double backward) | textbook
   config.paper_final_accuracy = -1.0
   return config
 
