@@ -1,0 +1,481 @@
+"""What the trained neurons do: activation counts, class entropy, dead neurons, curves, UMAP.
+
+Synopsis::
+
+    import numpy as np
+    from sdm_jax import analysis, experiment
+
+    seeds, params, gaba_counts = experiment.load_final_state("/tmp/run/final_state.npz")
+    stats = analysis.neuron_statistics(
+        analysis.seed_params(params, 0), x_uint8, labels, spec=spec, gaba_counts=gaba_counts[0],
+        num_classes=10)
+    ent = analysis.neuron_class_entropy(stats.counts_entropy)
+    print(ent.weighted_mean, ent.mean, ent.median)       # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
+    print(analysis.alive_fraction(stats.counts), analysis.dead_fraction(stats.activity_sum))
+    curves = analysis.curves_over_seeds(analysis.read_metrics_csv("/tmp/run/metrics.csv"))
+
+Everything here computes; nothing plots (experiments/analyze.py draws the
+figures). The definitions follow the authors' analysis code as described in
+/work/shared/reference-code.md §6 and §2:
+
+* activation counts: counts[class, neuron] += 1 whenever the neuron's
+  post-Top-K activation is != 0 (`InvestigateContLearningObj`);
+* neuron entropy: active = activation > 0.001; per neuron the class counts are
+  normalised to p, 1e-15 is put in place of zeros, H = -sum p ln p (nats,
+  maximum ln 10 = 2.303 for 10 classes); mean, median and the mean weighted by
+  each neuron's share of all activations over neurons that fired at least
+  once (paper App. "Investigating neuron entropy", Table 10);
+* dead: summed activation over a set of inputs < 1e-4 (§2); alive: count >= 1;
+* UMAP: default `umap.UMAP()`; (a) fit on neuron addresses, transform data and
+  addresses, (b) fit on data, transform addresses; neurons with <= 10
+  activations removed; data L2-normalised for SDM models.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import pathlib
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (reference §6)
+ENTROPY_THRESHOLD = 1e-3  # neuron entropy: activation > 0.001 (reference §6, entropy cell)
+DEAD_ACTIVITY_THRESHOLD = 1e-4  # dead: summed activation < 1e-4 (reference §2); = train.DEAD_ACTIVITY_THRESHOLD
+ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (reference §6)
+UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (reference §6)
+
+# Paper Table 10 (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM): weighted mean entropy.
+PAPER_WEIGHTED_ENTROPY_CIFAR10 = {"sdmlp": 0.99, "sdmlp_linear_mask": 1.36, "sdmlp_no_l2": 1.96,
+                                  "topk": 1.48, "relu": 2.25}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Counts, entropy, dead and alive neurons.
+
+
+def activation_counts(hidden, labels, num_classes: int, threshold: float = COUNT_THRESHOLD) -> np.ndarray:
+  """How often each neuron fires for each class: counts[class, neuron].
+
+  Args:
+    hidden: post-Top-K (or post-ReLU) activations a*, [N, r].
+    labels: integer class of each example, [N].
+    num_classes: C.
+    threshold: a neuron fires on an example when |a| > threshold. The default
+      0 is the reference's "!= 0" (counts, alive fraction); use
+      `ENTROPY_THRESHOLD` (0.001) for the entropy, as the reference does.
+
+  Returns:
+    int64 array [C, r]. Sums over batches add up: counts of a concatenation
+    are the sum of the counts of the parts.
+  """
+  hidden = np.asarray(hidden)
+  labels = np.asarray(labels)
+  if hidden.ndim != 2 or labels.shape != hidden.shape[:1]:
+    raise ValueError(f"hidden must be [N, r] and labels [N], got {hidden.shape} and {labels.shape}")
+  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+    raise ValueError(f"labels must lie in [0, {num_classes}), got [{labels.min()}, {labels.max()}]")
+  fired = (np.abs(hidden) > threshold).astype(np.float64)
+  one_hot = np.eye(num_classes, dtype=np.float64)[labels]
+  # A float64 matmul is exact for integer counts below 2**53, and BLAS-fast.
+  return np.rint(one_hot.T @ fired).astype(np.int64)
+
+
+class NeuronEntropy(NamedTuple):
+  """Class entropy of each neuron (reference §6, paper Table 10).
+
+  Attributes:
+    entropy: [r] entropy in nats of the neuron's class distribution; NaN for
+      neurons that never fired (the reference drops them).
+    activations: [r] total number of activations of each neuron.
+    share: [r] each neuron's share of all activations (the weights).
+    mean: unweighted mean entropy over neurons that fired.
+    median: median entropy over neurons that fired.
+    weighted_mean: sum of share * entropy: the entropy of an average activation.
+    num_active: number of neurons that fired at least once.
+  """
+
+  entropy: np.ndarray
+  activations: np.ndarray
+  share: np.ndarray
+  mean: float
+  median: float
+  weighted_mean: float
+  num_active: int
+
+
+def neuron_class_entropy(counts) -> NeuronEntropy:
+  """The reference's neuron entropy from class-by-neuron activation counts.
+
+  Args:
+    counts: [C, r] activations per class and neuron, e.g.
+      `activation_counts(hidden, labels, C, threshold=ENTROPY_THRESHOLD)`.
+
+  Returns:
+    `NeuronEntropy`. Statistics are NaN when no neuron fired.
+  """
+  counts = np.asarray(counts, dtype=np.float64)
+  if counts.ndim != 2:
+    raise ValueError(f"counts must be [classes, neurons], got shape {counts.shape}")
+  totals = counts.sum(0)
+  active = totals > 0
+  p = counts[:, active] / totals[active]
+  p = np.where(p == 0, ZERO_PROBABILITY, p)  # the reference's guard against log(0)
+  h_active = -np.sum(p * np.log(p), axis=0)
+  entropy = np.full(counts.shape[1], np.nan)
+  entropy[active] = h_active
+  grand_total = totals.sum()
+  share = totals / grand_total if grand_total > 0 else np.zeros_like(totals)
+  if not active.any():
+    return NeuronEntropy(entropy, totals, share, math.nan, math.nan, math.nan, 0)
+  return NeuronEntropy(entropy=entropy, activations=totals, share=share, mean=float(h_active.mean()),
+                       median=float(np.median(h_active)),
+                       weighted_mean=float(np.sum(share[active] * h_active)), num_active=int(active.sum()))
+
+
+def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD) -> np.ndarray | float:
+  """Fraction of neurons whose summed activation over a set of inputs is < 1e-4 (reference §2).
+
+  Args:
+    activity_sum: [..., r] summed post-Top-K activation of each neuron.
+    threshold: the reference's `active_threshold`.
+
+  Returns:
+    The fraction over the last axis (a float for a 1-D input).
+  """
+  out = np.mean(np.asarray(activity_sum) < threshold, axis=-1)
+  return float(out) if np.ndim(out) == 0 else out
+
+
+def alive_fraction(counts) -> float:
+  """Fraction of neurons that fired at least once ("alive" = count >= 1, reference §6).
+
+  Args:
+    counts: [C, r] class-by-neuron counts (summed over classes here) or [r]
+      per-neuron totals.
+  """
+  counts = np.asarray(counts)
+  totals = counts.sum(0) if counts.ndim == 2 else counts
+  if totals.ndim != 1:
+    raise ValueError(f"counts must be [classes, neurons] or [neurons], got shape {counts.shape}")
+  return float(np.mean(totals >= 1))
+
+
+def max_activating_class(max_activation, argmax_label) -> np.ndarray:
+  """Each neuron's class for UMAP colouring: the label of its most activating example; -1 if it never fired."""
+  return np.where(np.asarray(max_activation) > 0, np.asarray(argmax_label), -1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Curves from metrics.csv.
+
+
+def read_metrics_csv(path) -> list[dict[str, float]]:
+  """Rows of a run's metrics.csv with every value as a float."""
+  with open(path, newline="") as f:
+    return [{k: float(v) for k, v in row.items() if v not in (None, "")} for row in csv.DictReader(f)]
+
+
+class Curves(NamedTuple):
+  """Per-evaluation curves averaged over seeds.
+
+  Attributes:
+    epoch: [E] global epoch (1-based: epochs done so far over all tasks).
+    task: [E] index of the task being trained at that evaluation.
+    mean: column name -> [E] mean over seeds.
+    sem: column name -> [E] standard error of the mean over seeds (0 for one seed).
+    num_seeds: [E] number of seeds averaged at each evaluation.
+  """
+
+  epoch: np.ndarray
+  task: np.ndarray
+  mean: dict[str, np.ndarray]
+  sem: dict[str, np.ndarray]
+  num_seeds: np.ndarray
+
+  @property
+  def task_ends(self) -> np.ndarray:
+    """Global epochs at which a task ended (the last evaluation of each task)."""
+    last = np.flatnonzero(np.diff(self.task) != 0)
+    return self.epoch[np.append(last, len(self.epoch) - 1)] if len(self.epoch) else self.epoch
+
+
+def mean_sem(values, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and standard error of the mean (ddof=1; 0 when there is a single value)."""
+  values = np.asarray(values, dtype=np.float64)
+  n = values.shape[axis]
+  mean = values.mean(axis)
+  sem = values.std(axis, ddof=1) / np.sqrt(n) if n > 1 else np.zeros_like(mean)
+  return mean, sem
+
+
+def curves_over_seeds(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Curves:
+  """Mean ± s.e.m. over seeds of metrics.csv columns, per evaluation epoch.
+
+  Args:
+    rows: metrics.csv rows (`read_metrics_csv`, or `results.json` per-seed "curves").
+    columns: columns to average; default every column but seed, task, epoch.
+
+  Returns:
+    `Curves`, sorted by epoch.
+  """
+  rows = [dict(r) for r in rows]
+  if not rows:
+    return Curves(np.zeros(0), np.zeros(0, int), {}, {}, np.zeros(0, int))
+  if columns is None:
+    columns = [c for c in rows[0] if c not in ("seed", "task", "epoch")]
+  by_epoch: dict[float, list] = {}
+  for r in rows:
+    by_epoch.setdefault(float(r["epoch"]), []).append(r)
+  epochs = sorted(by_epoch)
+  mean = {c: np.zeros(len(epochs)) for c in columns}
+  sem = {c: np.zeros(len(epochs)) for c in columns}
+  tasks, seeds = [], []
+  for i, e in enumerate(epochs):
+    group = by_epoch[e]
+    tasks.append(int(group[0]["task"]))
+    seeds.append(len(group))
+    for c in columns:
+      mean[c][i], sem[c][i] = mean_sem([float(r[c]) for r in group])
+  return Curves(np.asarray(epochs), np.asarray(tasks), mean, sem, np.asarray(seeds))
+
+
+def task_columns(columns: Iterable[str]) -> list[str]:
+  """The accuracy_task{j} columns, in task order."""
+  cols = [c for c in columns if c.startswith("accuracy_task")]
+  return sorted(cols, key=lambda c: int(c[len("accuracy_task"):]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Receptive fields.
+
+
+def image_shape_for(input_size: int) -> tuple[int, ...] | None:
+  """Display shape of a pixel input: MNIST 28×28, CIFAR 32×32×3 (HWC, as flattened by TFDS); else None."""
+  return {784: (28, 28), 3072: (32, 32, 3)}.get(int(input_size))
+
+
+def receptive_fields(kernel, activations, num: int, image_shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  """Neuron addresses of the most active neurons as images, each min-max rescaled to [0, 1].
+
+  Args:
+    kernel: hidden kernel [n, r] (Flax layout: column j is neuron j's address).
+    activations: [r] activation count of each neuron (ranks the neurons).
+    num: how many neurons.
+    image_shape: e.g. (28, 28) or (32, 32, 3); prod must be n.
+
+  Returns:
+    (fields [num, *image_shape] in [0, 1], neuron indices [num]), most active first.
+    A constant address maps to all zeros.
+  """
+  kernel = np.asarray(kernel, dtype=np.float64)
+  if int(np.prod(image_shape)) != kernel.shape[0]:
+    raise ValueError(f"image shape {tuple(image_shape)} does not hold {kernel.shape[0]} inputs")
+  order = np.argsort(-np.asarray(activations), kind="stable")[:num]
+  rows = kernel[:, order].T
+  lo = rows.min(1, keepdims=True)
+  span = rows.max(1, keepdims=True) - lo
+  fields = np.where(span > 0, (rows - lo) / np.where(span > 0, span, 1.0), 0.0)
+  return fields.reshape(len(order), *image_shape), order
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Examples and activations.
+
+
+def balanced_subset(labels, max_examples: int, seed: int = 0) -> np.ndarray:
+  """Sorted indices of at most `max_examples` examples, spread evenly across classes.
+
+  Each class gets floor(max_examples / num_classes) examples (fewer if it has
+  fewer); the remainder goes, one each, to classes that still have examples.
+  The choice within a class is random but fixed by `seed`.
+  """
+  labels = np.asarray(labels)
+  if max_examples >= labels.size:
+    return np.arange(labels.size)
+  rng = np.random.default_rng(seed)
+  classes = np.unique(labels)
+  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+  quota = {c: min(len(pools[c]), max_examples // len(classes)) for c in classes}
+  left = max_examples - sum(quota.values())
+  while left > 0:
+    grew = False
+    for c in classes:
+      if left and quota[c] < len(pools[c]):
+        quota[c] += 1
+        left -= 1
+        grew = True
+    if not grew:
+      break
+  return np.sort(np.concatenate([pools[c][:quota[c]] for c in classes]))
+
+
+def seed_params(params: Mapping, index: int) -> dict:
+  """One seed's parameters from the stacked [S, ...] tree of `experiment.load_final_state`."""
+  return {name: (seed_params(v, index) if isinstance(v, Mapping) else np.asarray(v)[index])
+          for name, v in params.items()}
+
+
+class NeuronStats(NamedTuple):
+  """What a model's hidden layer does on a set of examples (`neuron_statistics`).
+
+  Attributes:
+    counts: [C, r] activations != 0 per class (reference counts).
+    counts_entropy: [C, r] activations > 0.001 per class (reference entropy).
+    activity_sum: [r] summed activation (for the dead fraction).
+    max_activation: [r] largest activation of each neuron.
+    argmax_label: [r] label of the example giving it (first one on ties).
+    active_per_example: mean number of neurons != 0 per example.
+    num_examples: N.
+  """
+
+  counts: np.ndarray
+  counts_entropy: np.ndarray
+  activity_sum: np.ndarray
+  max_activation: np.ndarray
+  argmax_label: np.ndarray
+  active_per_example: float
+  num_examples: int
+
+
+@functools.lru_cache(maxsize=8)
+def _hidden_fn(spec):
+  import jax
+
+  from sdm_jax import models, train
+
+  def fn(params, x_uint8, gaba_counts):
+    # k for the "linear" schedule is annealed to spec.k long before the end of any schedule we run.
+    _, hidden = models.forward(params, train.to_float_input(x_uint8), spec=spec, k=spec.k,
+                               gaba_counts=gaba_counts)
+    return hidden
+
+  return jax.jit(fn)
+
+
+def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, batch_size: int = 2048):
+  """Yields the post-Top-K activations a* [B, r] of `x` (uint8 or float inputs [N, ...]) batch by batch.
+
+  Evaluation mode, as `train.make_evaluate`: no dropout, k = spec.k, the final
+  GABA counters (they only matter while the switch is still running).
+  """
+  import jax.numpy as jnp
+
+  fn = _hidden_fn(spec)
+  counts = jnp.zeros((spec.neurons,), jnp.float32) if gaba_counts is None else jnp.asarray(gaba_counts)
+  params = {k: {n: jnp.asarray(v) for n, v in layer.items()} for k, layer in params.items()}
+  x = np.asarray(x).reshape(len(x), -1)
+  for start in range(0, len(x), batch_size):
+    yield np.asarray(fn(params, jnp.asarray(x[start:start + batch_size]), counts))
+
+
+def neuron_statistics(params: Mapping, x, labels, *, spec, num_classes: int, gaba_counts=None,
+                      batch_size: int = 2048) -> NeuronStats:
+  """Counts, activity and most-activating examples of every neuron over `x`, in batches.
+
+  Memory stays O(batch × r), so 10K-neuron models and all 50K training images fit.
+  """
+  labels = np.asarray(labels)
+  r = spec.neurons
+  counts = np.zeros((num_classes, r), np.int64)
+  counts_entropy = np.zeros((num_classes, r), np.int64)
+  activity = np.zeros(r)
+  best = np.full(r, -np.inf)
+  best_label = np.zeros(r, np.int64)
+  active = 0.0
+  start = 0
+  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, batch_size=batch_size):
+    y = labels[start:start + len(hidden)]
+    start += len(hidden)
+    counts += activation_counts(hidden, y, num_classes)
+    counts_entropy += activation_counts(hidden, y, num_classes, threshold=ENTROPY_THRESHOLD)
+    activity += hidden.sum(0, dtype=np.float64)
+    active += float((hidden != 0).sum())
+    idx = hidden.argmax(0)
+    top = hidden[idx, np.arange(r)]
+    better = top > best  # strict: the first batch's example wins ties, as one global argmax would
+    best = np.where(better, top, best)
+    best_label = np.where(better, y[idx], best_label)
+  n = len(labels)
+  return NeuronStats(counts, counts_entropy, activity, best, best_label, active / max(n, 1), n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# UMAP (umap-learn, imported only here).
+
+
+def l2_normalize_rows(x, eps: float = 1e-12) -> np.ndarray:
+  x = np.asarray(x, dtype=np.float64)
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
+
+
+def umap_inputs(kernel, x, activations, *, l2_norm: bool,
+                min_activations: int = UMAP_MIN_ACTIVATIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """What the reference feeds UMAP: addresses of neurons with > 10 activations, data as the model sees it.
+
+  Args:
+    kernel: hidden kernel [n, r].
+    x: examples [N, ...], floats in [0, 1] (or uint8, scaled here).
+    activations: [r] activation count of each neuron.
+    l2_norm: the model L2-normalises its inputs (SDM): do the same to the data.
+    min_activations: neurons with at most this many activations are dropped.
+
+  Returns:
+    (weights [r_kept, n], data [N, n], kept neuron indices [r_kept]).
+  """
+  x = np.asarray(x)
+  data = x.reshape(len(x), -1).astype(np.float64) / (255.0 if x.dtype == np.uint8 else 1.0)
+  if l2_norm:
+    data = l2_normalize_rows(data)
+  kept = np.flatnonzero(np.asarray(activations) > min_activations)
+  return np.asarray(kernel, dtype=np.float64)[:, kept].T, data, kept
+
+
+def _umap(seed: int | None, **kwargs):
+  import umap  # lazy: umap-learn (and numba) are optional, see setup.py's "analysis" extra
+
+  # Default hyperparameters as the reference; a fixed random_state makes the figure reproducible.
+  return umap.UMAP(random_state=seed, **kwargs)
+
+
+def umap_fit_weights(weights, data, *, seed: int | None = 0, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+  """(a) Fit UMAP on the neuron addresses, then transform the data and the addresses.
+
+  Returns (data embedding [N, 2], weight embedding [r_kept, 2]).
+  """
+  reducer = _umap(seed, **kwargs).fit(np.asarray(weights, np.float32))
+  return reducer.transform(np.asarray(data, np.float32)), reducer.transform(np.asarray(weights, np.float32))
+
+
+def umap_fit_data(weights, data, *, seed: int | None = 0, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+  """(b) Fit UMAP on the data, then transform the neuron addresses.
+
+  Returns (data embedding [N, 2], weight embedding [r_kept, 2]).
+  """
+  reducer = _umap(seed, **kwargs).fit(np.asarray(data, np.float32))
+  return reducer.embedding_, reducer.transform(np.asarray(weights, np.float32))
+
+
+def summarize_entropy(per_seed: Sequence[NeuronEntropy]) -> dict[str, tuple[float, float]]:
+  """Mean ± s.e.m. over seeds of the weighted mean, mean and median entropy."""
+  out = {}
+  for name in ("weighted_mean", "mean", "median"):
+    m, s = mean_sem([getattr(e, name) for e in per_seed])
+    out[name] = (float(m), float(s))
+  return out
+
+
+def load_run(workdir) -> dict[str, Any]:
+  """A run's outputs: config (dict), results (dict or None), metrics rows, final_state path or None."""
+  workdir = pathlib.Path(workdir)
+  config_path, results_path, metrics_path = (workdir / n for n in ("config.json", "results.json", "metrics.csv"))
+  if not config_path.exists():
+    raise FileNotFoundError(f"{workdir} has no config.json: not a workdir of experiments.split_mnist")
+  state = workdir / "final_state.npz"
+  return dict(workdir=workdir, config=json.loads(config_path.read_text()),
+              results=json.loads(results_path.read_text()) if results_path.exists() else None,
+              rows=read_metrics_csv(metrics_path) if metrics_path.exists() else [],
+              final_state=state if state.exists() else None)

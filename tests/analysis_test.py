@@ -1,0 +1,231 @@
+"""Tests of sdm_jax.analysis against independent computations, and of experiments.analyze end to end."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import split_mnist
+from sdm_jax import analysis, experiment, models
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Counts, entropy, dead and alive.
+
+
+def test_activation_counts_match_a_loop():
+  rng = np.random.default_rng(0)
+  hidden = np.maximum(rng.normal(size=(200, 13)), 0) * (rng.random((200, 13)) < 0.3)
+  hidden[:5, 0] = 5e-4  # fires for the counts (!= 0), not for the entropy (> 0.001)
+  labels = rng.integers(0, 4, 200)
+  for threshold in (0.0, analysis.ENTROPY_THRESHOLD):
+    expected = np.zeros((4, 13), int)
+    for i in range(200):
+      for j in range(13):
+        if hidden[i, j] != 0 and abs(hidden[i, j]) > threshold:
+          expected[labels[i], j] += 1
+    np.testing.assert_array_equal(analysis.activation_counts(hidden, labels, 4, threshold=threshold), expected)
+  counts = analysis.activation_counts(hidden, labels, 4)
+  strict = analysis.activation_counts(hidden, labels, 4, threshold=analysis.ENTROPY_THRESHOLD)
+  assert counts[:, 0].sum() - strict[:, 0].sum() == 5
+  # Counts of a concatenation are the sum over its parts (what the batched statistics rely on).
+  np.testing.assert_array_equal(
+      analysis.activation_counts(hidden[:70], labels[:70], 4) + analysis.activation_counts(hidden[70:], labels[70:], 4),
+      counts)
+
+
+def test_activation_counts_reject_bad_labels():
+  with pytest.raises(ValueError, match="labels must lie"):
+    analysis.activation_counts(np.ones((2, 3)), np.array([0, 5]), 4)
+  with pytest.raises(ValueError, match="hidden must be"):
+    analysis.activation_counts(np.ones(3), np.array([0, 1, 2]), 4)
+
+
+def test_neuron_entropy_hand_worked_example():
+  # Three classes, four neurons:
+  #   n0 fires 4 times, all class 0        -> p = (1, 0, 0)         -> H = -2·1e-15·ln(1e-15) ≈ 6.9e-14
+  #   n1 fires 2+2 in classes 0 and 1      -> p = (1/2, 1/2, 0)     -> H = ln 2 = 0.693147...
+  #   n2 never fires                       -> left out
+  #   n3 fires 2+1+1                       -> p = (1/2, 1/4, 1/4)   -> H = 1.5 ln 2 = 1.039721...
+  counts = np.array([[4, 2, 0, 2],
+                     [0, 2, 0, 1],
+                     [0, 0, 0, 1]])
+  e = analysis.neuron_class_entropy(counts)
+  zero_term = -2 * 1e-15 * math.log(1e-15)
+  h = [zero_term, math.log(2), 1.5 * math.log(2)]
+  np.testing.assert_allclose(e.entropy[[0, 1, 3]], h, rtol=1e-12, atol=1e-20)
+  assert math.isnan(e.entropy[2])
+  assert e.num_active == 3
+  np.testing.assert_array_equal(e.activations, [4, 4, 0, 4])
+  np.testing.assert_allclose(e.share, [1 / 3, 1 / 3, 0, 1 / 3])
+  assert e.mean == pytest.approx((math.log(2) + 1.5 * math.log(2)) / 3)
+  assert e.median == pytest.approx(math.log(2))
+  # Equal shares: the weighted mean equals the mean here; now make n3 fire 4 times as much.
+  counts2 = counts.copy()
+  counts2[:, 3] *= 4  # 16 activations of 24 in total
+  e2 = analysis.neuron_class_entropy(counts2)
+  assert e2.weighted_mean == pytest.approx((4 * h[0] + 4 * h[1] + 16 * h[2]) / 24)
+  assert e2.entropy[3] == pytest.approx(h[2])  # scaling a neuron's counts leaves its entropy alone
+
+
+def test_neuron_entropy_limits():
+  uniform = analysis.neuron_class_entropy(np.full((10, 3), 7))
+  np.testing.assert_allclose(uniform.entropy, math.log(10))
+  assert uniform.weighted_mean == pytest.approx(math.log(10))
+  silent = analysis.neuron_class_entropy(np.zeros((10, 3)))
+  assert silent.num_active == 0 and math.isnan(silent.weighted_mean)
+
+
+def test_dead_and_alive_fractions():
+  activity = np.array([0.0, 5e-5, 1e-4, 2.0])  # 1e-4 itself is not dead: the rule is "< 1e-4"
+  assert analysis.dead_fraction(activity) == 0.5
+  np.testing.assert_allclose(analysis.dead_fraction(np.stack([activity, np.ones(4)])), [0.5, 0.0])
+  counts = np.array([[0, 1, 0, 3], [0, 0, 0, 1]])
+  assert analysis.alive_fraction(counts) == 0.5
+  assert analysis.alive_fraction(np.array([0, 1, 2])) == pytest.approx(2 / 3)
+
+
+def test_curves_over_seeds():
+  rows = []
+  for seed, offset in ((0, 0.0), (1, 0.2)):
+    for epoch, task in ((1, 0), (2, 0), (3, 1), (4, 1)):
+      rows.append(dict(seed=seed, task=task, epoch=epoch, full_accuracy=0.1 * epoch + offset,
+                       accuracy_task1=offset, accuracy_task0=1.0))
+  c = analysis.curves_over_seeds(rows)
+  np.testing.assert_array_equal(c.epoch, [1, 2, 3, 4])
+  np.testing.assert_array_equal(c.task, [0, 0, 1, 1])
+  np.testing.assert_array_equal(c.task_ends, [2, 4])
+  np.testing.assert_allclose(c.mean["full_accuracy"], [0.2, 0.3, 0.4, 0.5])
+  np.testing.assert_allclose(c.sem["full_accuracy"], np.std([0, 0.2], ddof=1) / math.sqrt(2))
+  assert analysis.task_columns(c.mean) == ["accuracy_task0", "accuracy_task1"]
+  np.testing.assert_array_equal(analysis.curves_over_seeds(rows[:4]).sem["full_accuracy"], 0)
+
+
+def test_receptive_fields_pick_the_most_active_and_rescale():
+  rng = np.random.default_rng(1)
+  kernel = rng.normal(size=(784, 6))
+  kernel[:, 4] = 0.3  # constant address
+  fields, idx = analysis.receptive_fields(kernel, np.array([5, 50, 0, 7, 100, 1]), 3, (28, 28))
+  np.testing.assert_array_equal(idx, [4, 1, 3])
+  assert fields.shape == (3, 28, 28)
+  np.testing.assert_array_equal(fields[0], 0)
+  col = kernel[:, 1]
+  np.testing.assert_allclose(fields[1].ravel(), (col - col.min()) / (col.max() - col.min()))
+  assert analysis.image_shape_for(3072) == (32, 32, 3)
+  with pytest.raises(ValueError, match="does not hold"):
+    analysis.receptive_fields(kernel, np.ones(6), 2, (32, 32, 3))
+
+
+def test_balanced_subset():
+  labels = np.repeat(np.arange(4), [50, 3, 50, 50])
+  idx = analysis.balanced_subset(labels, 40, seed=0)
+  assert len(idx) == 40 and len(np.unique(idx)) == 40 and np.all(np.diff(idx) > 0)
+  per_class = np.bincount(labels[idx], minlength=4)
+  assert per_class[1] == 3 and per_class.max() - per_class[[0, 2, 3]].min() <= 1
+  np.testing.assert_array_equal(analysis.balanced_subset(labels, 1000), np.arange(len(labels)))
+
+
+def test_neuron_statistics_match_one_forward_pass():
+  spec = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3)
+  params = models.init_params(jax.random.key(0), spec)
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 256, (50, 784), dtype=np.uint8)
+  y = rng.integers(0, 10, 50)
+  counts = rng.integers(0, 3, 40).astype(np.float32)
+  stats = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, batch_size=16)
+  _, hidden = models.forward(params, x.astype(np.float32) / 255, spec=spec, k=3, gaba_counts=counts)
+  hidden = np.asarray(hidden)
+  np.testing.assert_array_equal(stats.counts, analysis.activation_counts(hidden, y, 10))
+  np.testing.assert_array_equal(stats.counts_entropy, analysis.activation_counts(hidden, y, 10, 1e-3))
+  np.testing.assert_allclose(stats.activity_sum, hidden.sum(0), rtol=1e-5)
+  np.testing.assert_allclose(stats.max_activation, hidden.max(0), rtol=1e-5)
+  top2 = np.sort(hidden, axis=0)[-2:]
+  clear = top2[1] - top2[0] > 1e-4  # batch shapes change float32 rounding: compare clear winners only
+  assert clear.sum() > 10
+  np.testing.assert_array_equal(stats.argmax_label[clear], y[hidden.argmax(0)][clear])
+  assert stats.active_per_example == pytest.approx((hidden != 0).sum() / 50)
+
+
+def test_umap_embeddings_have_the_right_shapes():
+  pytest.importorskip("umap")
+  rng = np.random.default_rng(0)
+  kernel = np.abs(rng.normal(size=(20, 40)))
+  x = rng.random((120, 20))
+  weights, data, kept = analysis.umap_inputs(kernel, x, np.where(np.arange(40) < 30, 50, 10), l2_norm=True)
+  assert weights.shape == (30, 20) and len(kept) == 30  # neurons with <= 10 activations dropped
+  np.testing.assert_allclose(np.linalg.norm(data, axis=1), 1.0)
+  d, w = analysis.umap_fit_weights(weights, data, n_neighbors=5, n_epochs=20)
+  assert d.shape == (120, 2) and w.shape == (30, 2)
+  d, w = analysis.umap_fit_data(weights, data, n_neighbors=5, n_epochs=20)
+  assert d.shape == (120, 2) and w.shape == (30, 2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# experiments.analyze end to end on a synthetic workdir (the real writers, random parameters).
+
+
+def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=True):
+  config = split_mnist.get_config(f"{variant},tiny")
+  config.model.neurons = neurons
+  config.seeds = seeds
+  path.mkdir(parents=True)
+  (path / "config.json").write_text(config.to_json_best_effort(indent=2))
+  spec = experiment.model_spec(config)
+  rng = np.random.default_rng(0)
+  fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy", "dead_fraction",
+             "active_per_example", "gaba_lambda_mean"] + [f"accuracy_task{j}" for j in range(5)])
+  rows, per_seed = [], []
+  for seed in seeds:
+    acc = np.tril(rng.random((5, 5)))
+    for task in range(5):
+      for e in range(config.epochs_per_task):
+        rows.append(dict(seed=seed, task=task, epoch=task * config.epochs_per_task + e + 1, loss=1.0,
+                         train_accuracy=0.9, full_accuracy=rng.random(), seen_accuracy=0.5,
+                         dead_fraction=rng.random() * 0.2, active_per_example=10 + rng.random(),
+                         gaba_lambda_mean=1.0, **{f"accuracy_task{j}": acc[task, j] for j in range(5)}))
+    per_seed.append(dict(seed=seed, class_order=list(range(10)), acc_matrix=acc.tolist(),
+                         acc_matrix_task_incremental=acc.tolist(), curves=[r for r in rows if r["seed"] == seed],
+                         final_accuracy=float(acc[-1].mean()), average_accuracy=float(acc[-1].mean()),
+                         forgetting=0.1, backward_transfer=-0.1, dead_fraction=0.05))
+  with open(path / "metrics.csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+  results = dict(status="finished", wall_time_s=12.0, machine="test", epochs_per_task=config.epochs_per_task,
+                 model=dict(kind=config.model.kind, neurons=neurons, k=spec.k, k_schedule=spec.k_schedule),
+                 summary=dict(final_accuracy_mean=0.3, final_accuracy_sem=0.01, num_seeds=len(seeds)),
+                 per_seed=per_seed)
+  (path / "results.json").write_text(json.dumps(results))
+  if with_state:
+    keys = jax.random.split(jax.random.key(0), len(seeds))
+    params = jax.vmap(lambda k: models.init_params(k, spec))(keys)
+    states = types.SimpleNamespace(params=params, gaba_counts=np.zeros((len(seeds), neurons), np.float32))
+    experiment.save_final_state(path / "final_state.npz", states, list(seeds))
+  return path
+
+
+def test_analyze_cli_end_to_end(tmp_path):
+  pytest.importorskip("matplotlib")
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp")
+  relu = _fake_workdir(tmp_path / "relu", "relu", seeds=(3,), with_state=False)
+  out = tmp_path / "out"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={sdm}", f"--workdir={relu}", f"--out={out}",
+       "--max_examples=300", "--no_umap"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  pngs = sorted(p.name for p in out.glob("*.png"))
+  assert pngs == sorted(["sdm_accuracy_per_task.png", "sdm_accuracy_matrix.png", "relu_accuracy_per_task.png",
+                         "relu_accuracy_matrix.png", "dead_neurons.png", "comparison_full_accuracy.png",
+                         "activation_count_histogram.png", "neuron_entropy.png", "sdm_receptive_fields.png"])
+  report = (out / "report.md").read_text()
+  for png in pngs:
+    assert f"]({png})" in report
+  assert "no final_state.npz" in report and "--no_umap" in report
+  assert "0.99" in report and "2.25" in report  # the paper's Table 10 values beside ours
+  assert "300 training examples" in report
