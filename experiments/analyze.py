@@ -35,6 +35,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -176,7 +177,7 @@ def plot_accuracy_matrix(run: dict, out: pathlib.Path) -> tuple[str, np.ndarray]
 
 
 def plot_dead_neurons(runs: list[dict], out: pathlib.Path) -> str:
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
   for i, run in enumerate(runs):
     c = run["curves"]
     color = f"C{i}"
@@ -189,8 +190,14 @@ def plot_dead_neurons(runs: list[dict], out: pathlib.Path) -> str:
   ax1.set_ylabel("dead neurons (% of the layer)")
   ax1.set_title("Dead neurons: summed activation over the\nepoch's training batches < 1e-4", fontsize=10)
   ax1.set_ylim(bottom=-2)
-  ax2.set_yscale("log")
-  ax2.set_ylabel("active neurons per training example\n(mean, log scale)")
+  lo = min(float(np.min(r["curves"].mean["active_per_example"])) for r in runs)
+  hi = max(float(np.max(r["curves"].mean["active_per_example"])) for r in runs)
+  if lo > 0 and hi / lo > 20:  # SDMLP (~k) beside ReLU (hundreds): only a log axis shows both
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.set_ylabel("active neurons per training example (mean, log scale)")
+  else:
+    ax2.set_ylabel("active neurons per training example (mean)")
   ax2.set_title("Neurons with activation ≠ 0 per example", fontsize=10)
   for ax in (ax1, ax2):
     ax.set_xlabel("epoch (counted over all tasks; dotted: task switches)")
@@ -232,11 +239,12 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   keep = analysis.balanced_subset(labels, max_examples, seed=seed)
   x, y = images[keep].reshape(len(keep), -1), labels[keep]
   num_classes = config.num_classes
+  final_epoch = config.epochs_per_task * (num_classes // config.classes_per_task)  # k of a linear schedule
   stats, entropies = [], []
   for i in range(len(seeds)):
     _log(f"  neurons of seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
     s = analysis.neuron_statistics(analysis.seed_params(params, i), x, y, spec=spec, num_classes=num_classes,
-                                   gaba_counts=gaba_counts[i])
+                                   gaba_counts=gaba_counts[i], epoch=final_epoch)
     stats.append(s)
     entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
   out = dict(spec=spec, seeds=[int(s) for s in seeds], stats=stats, entropies=entropies, num_examples=len(y),
@@ -313,7 +321,8 @@ def plot_receptive_fields(run: dict, out: pathlib.Path) -> str:
   totals = run["neurons"]["stats"][0].counts.sum(0)
   cols = int(math.ceil(math.sqrt(len(idx))))
   rows = int(math.ceil(len(idx) / cols))
-  fig, axes = plt.subplots(rows, cols, figsize=(1.25 * cols, 1.4 * rows + 0.6), squeeze=False)
+  fig, axes = plt.subplots(rows, cols, figsize=(1.25 * cols, 1.35 * rows + 0.5), squeeze=False,
+                           layout="constrained")
   for ax in axes.flat:
     ax.axis("off")
   for ax, f, j in zip(axes.flat, fields, idx):
@@ -332,7 +341,7 @@ def plot_umap(run: dict, out: pathlib.Path) -> str:
             "(b) UMAP fit on the data;\nneuron addresses transformed")
   for ax, key, title in zip(axes, ("a", "b"), titles):
     data_emb, w_emb = u[key]
-    ax.scatter(data_emb[:, 0], data_emb[:, 1], s=1.5, c=[CLASS_COLORS(int(c)) for c in u["labels"]], alpha=0.25,
+    ax.scatter(data_emb[:, 0], data_emb[:, 1], s=2, c=[CLASS_COLORS(int(c)) for c in u["labels"]], alpha=0.4,
                linewidths=0, rasterized=True)
     ax.scatter(w_emb[:, 0], w_emb[:, 1], s=22, marker="^", c=[CLASS_COLORS(int(c)) for c in u["neuron_class"]],
                edgecolors="black", linewidths=0.5)
@@ -375,7 +384,7 @@ def _run_table(runs: list[dict]) -> list[str]:
         f"| {run['name']} | {run['label']} | `{run['workdir']}` | {res.get('status', 'no results.json')} "
         f"| {run['config'].get('epochs_per_task')} | {len(_seeds(run))} | {stat('final_accuracy')} "
         f"| {paper if paper and paper > 0 else 'n/a'} | {stat('forgetting')} | {stat('backward_transfer')} "
-        f"| {_pm(*map(float, analysis.mean_sem(dead)), len(dead)) if dead else 'n/a'} "
+        f"| {_pm(*(100 * float(v) for v in analysis.mean_sem(dead)), len(dead), '.1f') + '%' if dead else 'n/a'} "
         f"| {f'{wall / 60:.1f} min' if wall else 'n/a'} |")
   return lines
 

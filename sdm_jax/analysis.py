@@ -38,6 +38,7 @@ import functools
 import json
 import math
 import pathlib
+import warnings
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -347,33 +348,36 @@ def _hidden_fn(spec):
 
   from sdm_jax import models, train
 
-  def fn(params, x_uint8, gaba_counts):
-    # k for the "linear" schedule is annealed to spec.k long before the end of any schedule we run.
-    _, hidden = models.forward(params, train.to_float_input(x_uint8), spec=spec, k=spec.k,
-                               gaba_counts=gaba_counts)
+  def fn(params, x_uint8, gaba_counts, k):
+    _, hidden = models.forward(params, train.to_float_input(x_uint8), spec=spec, k=k, gaba_counts=gaba_counts)
     return hidden
 
   return jax.jit(fn)
 
 
-def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, batch_size: int = 2048):
+def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None,
+                       batch_size: int = 2048):
   """Yields the post-Top-K activations a* [B, r] of `x` (uint8 or float inputs [N, ...]) batch by batch.
 
-  Evaluation mode, as `train.make_evaluate`: no dropout, k = spec.k, the final
-  GABA counters (they only matter while the switch is still running).
+  Evaluation mode, as `train.make_evaluate`: no dropout, the final GABA
+  counters, and k = `models.current_k(spec, epoch)` (only the "linear"
+  schedule depends on the epoch; None means the end of the schedule, spec.k).
   """
   import jax.numpy as jnp
 
+  from sdm_jax import models
+
   fn = _hidden_fn(spec)
   counts = jnp.zeros((spec.neurons,), jnp.float32) if gaba_counts is None else jnp.asarray(gaba_counts)
-  params = {k: {n: jnp.asarray(v) for n, v in layer.items()} for k, layer in params.items()}
+  k = models.current_k(spec, jnp.asarray(1 << 30 if epoch is None else epoch, jnp.int32))
+  params = {name: {n: jnp.asarray(v) for n, v in layer.items()} for name, layer in params.items()}
   x = np.asarray(x).reshape(len(x), -1)
   for start in range(0, len(x), batch_size):
-    yield np.asarray(fn(params, jnp.asarray(x[start:start + batch_size]), counts))
+    yield np.asarray(fn(params, jnp.asarray(x[start:start + batch_size]), counts, k))
 
 
 def neuron_statistics(params: Mapping, x, labels, *, spec, num_classes: int, gaba_counts=None,
-                      batch_size: int = 2048) -> NeuronStats:
+                      epoch: int | None = None, batch_size: int = 2048) -> NeuronStats:
   """Counts, activity and most-activating examples of every neuron over `x`, in batches.
 
   Memory stays O(batch × r), so 10K-neuron models and all 50K training images fit.
@@ -387,7 +391,8 @@ def neuron_statistics(params: Mapping, x, labels, *, spec, num_classes: int, gab
   best_label = np.zeros(r, np.int64)
   active = 0.0
   start = 0
-  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, batch_size=batch_size):
+  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch,
+                                   batch_size=batch_size):
     y = labels[start:start + len(hidden)]
     start += len(hidden)
     counts += activation_counts(hidden, y, num_classes)
@@ -437,7 +442,8 @@ def umap_inputs(kernel, x, activations, *, l2_norm: bool,
 def _umap(seed: int | None, **kwargs):
   import umap  # lazy: umap-learn (and numba) are optional, see setup.py's "analysis" extra
 
-  # Default hyperparameters as the reference; a fixed random_state makes the figure reproducible.
+  # Default hyperparameters as the reference; a fixed random_state makes the figure reproducible
+  # (and single-threaded, which umap-learn warns about on every fit: silenced in the callers).
   return umap.UMAP(random_state=seed, **kwargs)
 
 
@@ -446,8 +452,10 @@ def umap_fit_weights(weights, data, *, seed: int | None = 0, **kwargs) -> tuple[
 
   Returns (data embedding [N, 2], weight embedding [r_kept, 2]).
   """
-  reducer = _umap(seed, **kwargs).fit(np.asarray(weights, np.float32))
-  return reducer.transform(np.asarray(data, np.float32)), reducer.transform(np.asarray(weights, np.float32))
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+    reducer = _umap(seed, **kwargs).fit(np.asarray(weights, np.float32))
+    return reducer.transform(np.asarray(data, np.float32)), reducer.transform(np.asarray(weights, np.float32))
 
 
 def umap_fit_data(weights, data, *, seed: int | None = 0, **kwargs) -> tuple[np.ndarray, np.ndarray]:
@@ -455,8 +463,10 @@ def umap_fit_data(weights, data, *, seed: int | None = 0, **kwargs) -> tuple[np.
 
   Returns (data embedding [N, 2], weight embedding [r_kept, 2]).
   """
-  reducer = _umap(seed, **kwargs).fit(np.asarray(data, np.float32))
-  return reducer.embedding_, reducer.transform(np.asarray(weights, np.float32))
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*n_jobs value.*")
+    reducer = _umap(seed, **kwargs).fit(np.asarray(data, np.float32))
+    return reducer.embedding_, reducer.transform(np.asarray(weights, np.float32))
 
 
 def summarize_entropy(per_seed: Sequence[NeuronEntropy]) -> dict[str, tuple[float, float]]:

@@ -131,20 +131,26 @@ def test_balanced_subset():
   np.testing.assert_array_equal(analysis.balanced_subset(labels, 1000), np.arange(len(labels)))
 
 
-def test_neuron_statistics_match_one_forward_pass():
-  spec = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3)
+@pytest.mark.parametrize("kind", ["sdmlp", "topk"])
+def test_neuron_statistics_match_one_forward_pass(kind):
+  if kind == "sdmlp":
+    spec, epoch, k = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3), None, 3
+  else:  # linear schedule 40 -> 3 over 10 epochs: k = floor(40 - 4 * 37 / 10) = 25 at epoch 4
+    spec, epoch, k = models.topk_mlp(input_size=784, neurons=40, num_classes=10, k=3, k_transition_epochs=10), 4, 25
   params = models.init_params(jax.random.key(0), spec)
   rng = np.random.default_rng(0)
   x = rng.integers(0, 256, (50, 784), dtype=np.uint8)
   y = rng.integers(0, 10, 50)
-  counts = rng.integers(0, 3, 40).astype(np.float32)
-  stats = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, batch_size=16)
-  _, hidden = models.forward(params, x.astype(np.float32) / 255, spec=spec, k=3, gaba_counts=counts)
+  counts = np.full(40, 1e12, np.float32)  # GABA switch done: lambda = +1, at most k fire
+  stats = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, epoch=epoch,
+                                     batch_size=16)
+  _, hidden = models.forward(params, x.astype(np.float32) / 255, spec=spec, k=k, gaba_counts=counts)
   hidden = np.asarray(hidden)
+  assert 3 < (hidden != 0).sum(1).max() <= k if kind == "topk" else (hidden != 0).sum(1).max() <= k
   np.testing.assert_array_equal(stats.counts, analysis.activation_counts(hidden, y, 10))
   np.testing.assert_array_equal(stats.counts_entropy, analysis.activation_counts(hidden, y, 10, 1e-3))
-  np.testing.assert_allclose(stats.activity_sum, hidden.sum(0), rtol=1e-5)
-  np.testing.assert_allclose(stats.max_activation, hidden.max(0), rtol=1e-5)
+  np.testing.assert_allclose(stats.activity_sum, hidden.sum(0), rtol=1e-5, atol=1e-6)  # k-th value subtracted: absolute error
+  np.testing.assert_allclose(stats.max_activation, hidden.max(0), rtol=1e-5, atol=1e-6)
   top2 = np.sort(hidden, axis=0)[-2:]
   clear = top2[1] - top2[0] > 1e-4  # batch shapes change float32 rounding: compare clear winners only
   assert clear.sum() > 10
