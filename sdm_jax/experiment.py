@@ -30,10 +30,10 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import layers, metrics, models, optim, regularizers, sparse, train
+from sdm_jax import flymodel, layers, metrics, models, optim, regularizers, sparse, train
 
 DATASETS = {"mnist": 784, "fashion_mnist": 784}
-MODEL_KINDS = ("sdmlp", "relu", "topk")
+MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
 
 
@@ -57,7 +57,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("model.k_schedule", f"unknown schedule {m.k_schedule!r}; choose one of {models.K_SCHEDULES}")
   if m.inhibition not in models.INHIBITIONS:
     _fail("model.inhibition", f"unknown inhibition {m.inhibition!r}; choose one of {models.INHIBITIONS}")
-  if m.kind != "relu" and m.k_schedule != "none":
+  if m.kind == "flymodel":
+    if not 1 <= m.get("n_response", 0) <= m.input_size:
+      _fail("model.n_response", f"inputs per Kenyon cell must be in [1, {m.input_size}], got {m.get('n_response')}")
+    if m.neurons < 100:
+      _fail("model.neurons", f"the FlyModel keeps the top 1% of Kenyon cells: needs >= 100, got {m.neurons}")
+  elif m.kind != "relu" and m.k_schedule != "none":
     if not 1 <= m.k < m.neurons:
       _fail("model.k", f"k must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
     if m.k_max and m.k_max < m.k:
@@ -214,6 +219,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+  if config.model.kind == "flymodel":
+    return run_flymodel(config, workdir)
 
   spec = model_spec(config)
   tx = make_tx(config, spec)
@@ -354,6 +361,42 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   return results
 
 
+def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+  """FlyModel (reference §5): one closed-form pass per task, every seed in one vmapped program.
+
+  `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
+  learning rate `optimizer.learning_rate`; epochs, batch size and the
+  optimiser do not apply (one pass, no backpropagation).
+  """
+  start = time.time()
+  tasks = build_tasks(config)
+  num_tasks = config.num_classes // config.classes_per_task
+  seeds = list(config.seeds)
+  m = config.model
+  _log(f"sdm_jax: {config.dataset} ({tasks['source']}), {num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
+       f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)")
+  run = functools.partial(flymodel.run_split, n_kc=m.neurons, n_response=m.n_response,
+                          lr=config.optimizer.learning_rate, num_classes=config.num_classes)
+  data = [tasks[name] for name in ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes",
+                                   "task_classes")]
+  keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
+  if train.resolve_seed_loop("auto") == "map":  # CPU: one seed after another (see train.resolve_seed_loop)
+    if tasks["seed_axis"]:
+      over_seeds = lambda keys, *data: jax.lax.map(lambda args: run(*args), (keys, *data))
+    else:
+      over_seeds = lambda keys, *data: jax.lax.map(lambda key: run(key, *data), keys)
+  else:
+    over_seeds = jax.vmap(run, in_axes=(0,) + (0 if tasks["seed_axis"] else None,) * len(data))
+  acc = np.asarray(jax.jit(over_seeds)(keys, *data))
+  results = _results(config, None, seeds, tasks, acc, None, [], time.time() - start, "finished", None,
+                     num_tasks, 1, num_tasks)
+  (workdir / "results.json").write_text(json.dumps(results, indent=2))
+  _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
+       + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {len(seeds)} seeds)" if len(seeds) > 1 else "")
+       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}")
+  return results
+
+
 def save_final_state(path: pathlib.Path, states: train.TrainState, seeds) -> None:
   """The trained parameters and GABA counters of every seed, for analysis (experiments.analyze).
 
@@ -394,10 +437,12 @@ def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status,
   for i, seed in enumerate(seeds):
     matrix = acc[i, :finished_tasks].tolist()
     entry = dict(seed=seed, class_order=tasks["orders"][i if tasks["seed_axis"] else 0],
-                 acc_matrix=matrix, acc_matrix_task_incremental=acc_task_il[i, :finished_tasks].tolist(),
-                 curves=[c for c in curves if c["seed"] == seed])
+                 acc_matrix=matrix, curves=[c for c in curves if c["seed"] == seed])
+    if acc_task_il is not None:  # (the FlyModel has no task-incremental twin)
+      entry["acc_matrix_task_incremental"] = acc_task_il[i, :finished_tasks].tolist()
     if finished_tasks == num_tasks:
-      entry.update(metrics.summarize(acc[i], acc_task_il[i], test_sizes=_test_sizes(tasks, i)))
+      entry.update(metrics.summarize(acc[i], None if acc_task_il is None else acc_task_il[i],
+                                     test_sizes=_test_sizes(tasks, i)))
     last = entry["curves"][-1] if entry["curves"] else None
     entry["dead_fraction"] = last["dead_fraction"] if last else None
     per_seed.append(entry)
@@ -407,7 +452,10 @@ def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status,
                  num_seeds=len(seeds))
   return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
               epochs_per_task=config.epochs_per_task, tasks_finished=finished_tasks,
-              model=dict(kind=config.model.kind, neurons=spec.neurons, k=spec.k, k_schedule=spec.k_schedule),
+              model=dict(kind=config.model.kind, neurons=config.model.neurons,
+                         k=spec.k if spec else None, k_schedule=spec.k_schedule if spec else None,
+                         n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
+                         regularizer=config.regularizer.method if config.get("regularizer") else "none"),
               summary=summary, per_seed=per_seed)
 
 

@@ -104,6 +104,13 @@ class RegState:
     w: SI's running path integral, a parameter pytree (no slot axis).
     prev_params: SI's θ_prev, the parameters at the previous task boundary (at
       `init` for the first task, as in the reference).
+    curvature, center, offset: the filled slots folded into one quadratic,
+      Σ_s Ω_s (θ − θ*_s)² = A (θ − m)² + R with A = Σ_s Ω_s, m = Σ_s Ω_s θ*_s / A
+      and R = Σ_s Ω_s (θ*_s − m)² (summed to a scalar). Recomputed at every
+      consolidation (`fold`), so a training step reads two parameter-sized
+      arrays whatever the number of slots: differentiating the per-slot form
+      every step cost ~20x more (30 ms vs 1.6 ms per step with 4 EWC slots on
+      the 1K MNIST model, 2-core CPU).
   """
 
   anchor: Any
@@ -112,6 +119,9 @@ class RegState:
   consolidations: jax.Array
   w: Any
   prev_params: Any
+  curvature: Any
+  center: Any
+  offset: jax.Array
 
   @property
   def num_slots(self) -> int:
@@ -123,10 +133,30 @@ def init(params, *, num_slots: int = 1) -> RegState:
   if num_slots < 1:
     raise ValueError(f"num_slots must be >= 1, got {num_slots}")
   zeros_slots = jax.tree.map(lambda p: jnp.zeros((num_slots,) + jnp.shape(p), jnp.float32), params)
+  zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
   return RegState(anchor=zeros_slots, importance=zeros_slots,
                   filled=jnp.zeros((num_slots,), bool), consolidations=jnp.zeros((), jnp.int32),
-                  w=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params),
-                  prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params))
+                  w=zeros, prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params),
+                  curvature=zeros, center=zeros, offset=jnp.zeros((), jnp.float32))
+
+
+def fold(reg_state: RegState) -> RegState:
+  """Recomputes the folded quadratic (curvature A, center m, offset R) from the filled slots."""
+  weight = reg_state.filled.astype(jnp.float32)
+
+  def per_leaf(anchor, importance):
+    omega = importance * weight.reshape((-1,) + (1,) * (importance.ndim - 1))
+    curvature = jnp.sum(omega, axis=0)
+    # Weights Ω_s / A, not Σ Ω_s θ*_s / A: with one slot the weight is exactly 1, so the
+    # penalty and its gradient are exactly zero at the anchor.
+    center = jnp.sum(omega / jnp.where(curvature > 0, curvature, 1.0)[None] * anchor, axis=0)
+    offset = jnp.sum(omega * jnp.square(anchor - center[None]))
+    return curvature, center, offset
+
+  folded = jax.tree.map(per_leaf, reg_state.anchor, reg_state.importance)
+  leaves_of = lambda i: jax.tree.map(lambda _, f: f[i], reg_state.w, folded,
+                                     is_leaf=lambda x: isinstance(x, tuple))
+  return reg_state.replace(curvature=leaves_of(0), center=leaves_of(1), offset=sum(jax.tree.leaves(leaves_of(2))))
 
 
 # ------------------------------------------------------------------ penalty
@@ -137,14 +167,11 @@ def penalty(params, reg_state: RegState, strength) -> jax.Array:
 
   This is the reference's `l2_loss` term (reference-code §5), added to the
   task loss every step once a slot is filled. Its gradient is 2λ Σ_slots Ω (θ − θ*).
+  Computed from the folded form λ (Σ A (θ − m)² + R) (see `RegState`).
   """
-  def per_slot(p, anchor, importance):  # -> [num_slots]
-    terms = importance * jnp.square(p[None] - anchor)
-    return jnp.sum(terms.reshape(terms.shape[0], -1), axis=1)
-
-  per_leaf = jax.tree.map(per_slot, params, reg_state.anchor, reg_state.importance)
-  totals = sum(jax.tree.leaves(per_leaf))
-  return strength * jnp.sum(jnp.where(reg_state.filled, totals, 0.0))
+  per_leaf = jax.tree.map(lambda p, a, m: jnp.sum(a * jnp.square(p - m)), params, reg_state.curvature,
+                          reg_state.center)
+  return strength * (sum(jax.tree.leaves(per_leaf)) + reg_state.offset)
 
 
 # ------------------------------------------------------------------ slots
@@ -158,10 +185,10 @@ def store_slot(reg_state: RegState, params, importance) -> RegState:
   """
   index = reg_state.consolidations % reg_state.num_slots
   write = lambda slots, value: slots.at[index].set(jnp.asarray(value, slots.dtype))
-  return reg_state.replace(anchor=jax.tree.map(write, reg_state.anchor, params),
-                           importance=jax.tree.map(write, reg_state.importance, importance),
-                           filled=reg_state.filled.at[index].set(True),
-                           consolidations=reg_state.consolidations + 1)
+  return fold(reg_state.replace(anchor=jax.tree.map(write, reg_state.anchor, params),
+                                importance=jax.tree.map(write, reg_state.importance, importance),
+                                filled=reg_state.filled.at[index].set(True),
+                                consolidations=reg_state.consolidations + 1))
 
 
 def update_online_slot(reg_state: RegState, params, importance, *, decay=1.0) -> RegState:
@@ -174,8 +201,8 @@ def update_online_slot(reg_state: RegState, params, importance, *, decay=1.0) ->
 
   anchor = jax.tree.map(lambda s, p: write(s, p, 0.0), reg_state.anchor, params)
   omega = jax.tree.map(lambda s, v: write(s, v, decay), reg_state.importance, importance)
-  return reg_state.replace(anchor=anchor, importance=omega, filled=reg_state.filled.at[0].set(True),
-                           consolidations=reg_state.consolidations + 1)
+  return fold(reg_state.replace(anchor=anchor, importance=omega, filled=reg_state.filled.at[0].set(True),
+                                consolidations=reg_state.consolidations + 1))
 
 
 def end_task_l2(reg_state: RegState, params) -> RegState:

@@ -287,11 +287,12 @@ def test_penalty_value_gradient_and_empty_slots():
   for g, e in zip(leaves(grad), expected_grad):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
-  # Exactly zero (value and gradient) at the anchor of the only filled slot.
+  # Zero (value and gradient) at the anchor of the only filled slot, up to float32 rounding
+  # of the folded form (the slots' importance-weighted centre).
   one = reg.store_slot(reg.init(params, num_slots=3), params, omegas[0])
   value, grad = jax.jit(jax.value_and_grad(reg.penalty))(params, one, lam)
-  assert float(value) == 0.0
-  assert all(np.all(np.asarray(g) == 0.0) for g in jax.tree.leaves(grad))
+  assert abs(float(value)) < 1e-10
+  assert all(np.all(np.abs(np.asarray(g)) < 1e-6) for g in jax.tree.leaves(grad))
   assert float(reg.penalty(params, reg.init(params, num_slots=2), lam)) == 0.0
 
 
