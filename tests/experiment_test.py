@@ -134,3 +134,25 @@ def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, c
   for a, d in zip(auto["per_seed"], dense["per_seed"]):
     np.testing.assert_allclose(a["acc_matrix"], d["acc_matrix"], atol=2e-3)  # <= a few test examples
     assert a["curves"][-1]["loss"] == pytest.approx(d["curves"][-1]["loss"], rel=1e-4)
+
+
+def test_oracle_learns_all_of_mnist(tmp_path):
+  """The Oracle row: the ReLU MLP on all ten classes at once (one task) reaches >= 0.97."""
+  config = split_mnist.get_config("oracle,quick")  # 20 epochs of all 60K images
+  config.eval_every = 20
+  results = experiment.train_and_evaluate(config, tmp_path)
+  assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (1, 1)
+  assert results["summary"]["final_accuracy_mean"] >= 0.97
+
+
+def test_flymodel_row_through_the_runner(tmp_path):
+  """FlyModel 1K (one pass per task, closed form) via train_and_evaluate: paper 0.77."""
+  config = split_mnist.get_config("flymodel,tiny")
+  config.seeds = (0, 1)
+  results = experiment.train_and_evaluate(config, tmp_path)
+  assert results["model"]["n_response"] == 64
+  for seed_result in results["per_seed"]:
+    acc = np.array(seed_result["acc_matrix"])
+    assert acc.shape == (5, 5) and np.all(np.triu(acc, 1) == 0)  # unseen tasks score 0
+    assert seed_result["final_accuracy"] >= 0.70
+    assert "acc_matrix_task_incremental" not in seed_result
