@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import flymodel, layers, metrics, models, optim, regularizers, sparse, train
+from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, regularizers, sparse, train
 
 DATASETS = {"mnist": 784, "fashion_mnist": 784}
 MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
@@ -98,6 +98,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("regularizer.fisher_labels", f"must be one of {regularizers.FISHER_LABELS}, got {r.fisher_labels!r}")
     if r.si_variant not in regularizers.SI_VARIANTS:
       _fail("regularizer.si_variant", f"must be one of {regularizers.SI_VARIANTS}, got {r.si_variant!r}")
+  if config.get("checkpoint_every_epochs", 50) <= 0:
+    _fail("checkpoint_every_epochs", f"must be positive, got {config.checkpoint_every_epochs}")
+  if config.get("keep_checkpoints", 2) < 1:
+    _fail("keep_checkpoints", f"must be >= 1, got {config.keep_checkpoints}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
   if config.epochs_per_task <= 0:
@@ -248,6 +252,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   acc = np.zeros((num_seeds, num_tasks, num_tasks))
   acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
   curves: list[dict] = []
+  blocks_per_task = config.epochs_per_task // config.eval_every
+  total_blocks = blocks_per_task * num_tasks
+  blocks_done = 0
+  elapsed_before = 0.0  # wall time of earlier (interrupted) sessions of this run
+  sparse_started = False
+  active_last = None  # most active units per example in the last block (None: not known yet)
+  sparse_retry_at = 0
+
+  # Resume from the newest checkpoint of this workdir, if any (same config only).
+  config_dict = json.loads(config.to_json_best_effort(sort_keys=True))
+  checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2))
+  restored = checkpoint.restore_latest(checkpoints, states, config_dict)
+  if restored is not None:
+    states, progress = restored
+    blocks_done, elapsed_before = progress["blocks_done"], progress["elapsed_s"]
+    acc[:], acc_task_il[:] = np.asarray(progress["acc"]), np.asarray(progress["acc_task_il"])
+    curves = progress["curves"]
+    sparse_started, active_last = progress["sparse_started"], progress["active_last"]
+    sparse_retry_at = progress["sparse_retry_at"]
+    _log(f"resuming from {checkpoints.directory}/{checkpoints.latest_step()}: {blocks_done} of {total_blocks} "
+         f"evaluation blocks done ({_fmt_duration(elapsed_before)} of training so far)")
+
+  def save_checkpoint():
+    progress = dict(blocks_done=blocks_done, elapsed_s=elapsed_before + time.time() - start,
+                    acc=acc.tolist(), acc_task_il=acc_task_il.tolist(), curves=curves,
+                    sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at)
+    checkpoint.save(checkpoints, blocks_done, states, progress, config_dict)
+
   csv_path = workdir / "metrics.csv"
   csv_fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy",
                  "dead_fraction", "active_per_example", "gaba_lambda_mean"]
@@ -255,23 +287,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   csv_file = csv_path.open("w", newline="")
   writer = csv.DictWriter(csv_file, fieldnames=csv_fields)
   writer.writeheader()
+  writer.writerows(curves)  # the rows of earlier sessions, when resuming
 
-  blocks_per_task = config.epochs_per_task // config.eval_every
-  total_blocks = blocks_per_task * num_tasks
+  checkpoint_every_blocks = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
   train_sizes = np.asarray(tasks["train_sizes"]).reshape(-1, num_tasks)
   steps_per_block = [int(np.ceil(train_sizes[:, t] / config.batch_size).max()) * config.eval_every
                      for t in range(num_tasks)]
   start = time.time()
-  steady_time, steady_steps, blocks_done = 0.0, 0, 0
+  steady_time, steady_steps, session_blocks = 0.0, 0, 0
   status = "running"
   failure = None
-  sparse_started = False
-  active_last = float("inf")
-  sparse_retry_at = 0
 
   def write_results():
-    results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves, time.time() - start, status,
-                       failure, blocks_done, blocks_per_task, num_tasks)
+    results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves,
+                       elapsed_before + time.time() - start, status, failure, blocks_done, blocks_per_task,
+                       num_tasks)
     (workdir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
@@ -280,71 +310,73 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
        f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
        f"backend {jax.default_backend()}")
   try:
-    for task in range(num_tasks):
-      for block in range(blocks_per_task):
-        t0 = time.time()
-        # Once few units fire per example (the GABA switch is nearly done), try the sparse step;
-        # `run_block` redoes the block densely when it was not exact, and we back off for a while.
-        try_sparse = (sparse_block is not None and active_last <= sparse_sgd.capacity(spec)
-                      and blocks_done >= sparse_retry_at)
-        states, epoch_metrics, ran_sparse = train.run_block(
-            states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task),
-            dense_block=train_block, sparse_block=sparse_block if try_sparse else None)
-        if try_sparse and not ran_sparse:
-          sparse_retry_at = blocks_done + 10
-        if ran_sparse and not sparse_started:
-          sparse_started = True
-          _log(f"task {task + 1} epoch {block * config.eval_every}: at most {sparse_sgd.capacity(spec)} active "
-               "units per example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
-        counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
-        counts, epoch_metrics, epochs_done, lam = jax.device_get(
-            (counts, epoch_metrics, states.epoch,
-             models_gaba_mean(states, spec)))
-        dt = time.time() - t0
-        active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
-        blocks_done += 1
-        if blocks_done > 1:  # the first block includes compilation
-          steady_time += dt
-          steady_steps += steps_per_block[task]
-        losses = np.asarray(epoch_metrics.loss)
-        if not np.all(np.isfinite(losses)):
-          bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
-          epoch_in_task = block * config.eval_every + bad_epoch + 1
-          failure = (f"non-finite training loss at task {task}, epoch {epoch_in_task} of that task "
-                     f"(seed {seeds[bad_seed]})")
-          raise FloatingPointError(failure)
-        per_task = counts.correct / np.maximum(counts.count, 1)
-        per_task_il = counts.correct_task_masked / np.maximum(counts.count, 1)
-        full = counts.correct.sum(-1) / counts.count.sum(-1)
-        seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
-        epoch_in_task = (block + 1) * config.eval_every
-        for i, seed in enumerate(seeds):
-          row = dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(losses[i, -1]),
-                     train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
-                     seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
-                     active_per_example=float(epoch_metrics.active_per_example[i, -1]),
-                     gaba_lambda_mean=float(lam[i]),
-                     **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(num_tasks)})
-          writer.writerow(row)
-          curves.append(row)
-        csv_file.flush()
-        if block == blocks_per_task - 1:
-          acc[:, task] = per_task
-          acc_task_il[:, task] = per_task_il
-          if end_task is not None and task < num_tasks - 1:
-            # Task boundary: importances on the finished task, new anchors (reference §5).
-            states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
-        rate = steady_steps / steady_time if steady_time else float("nan")
-        remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
-                     + steps_per_block[task] * (blocks_per_task - block - 1))
-        eta = _fmt_duration(remaining / rate) if steady_time else "?"
-        _log(f"task {task + 1}/{num_tasks} epoch {epoch_in_task}/{config.epochs_per_task} | "
-             f"full acc {full.mean():.4f}" + (f" ±{full.std(ddof=1) / math.sqrt(num_seeds):.4f}" if num_seeds > 1 else "")
-             + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
-             f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
-             f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
-             + ("sparse step | " if ran_sparse else "")
-             + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
+    for task, block in [divmod(b, blocks_per_task) for b in range(blocks_done, total_blocks)]:
+      t0 = time.time()
+      # Once few units fire per example (the GABA switch is nearly done), try the sparse step;
+      # `run_block` redoes the block densely when it was not exact, and we back off for a while.
+      try_sparse = (sparse_block is not None and active_last is not None
+                    and active_last <= sparse_sgd.capacity(spec) and blocks_done >= sparse_retry_at)
+      states, epoch_metrics, ran_sparse = train.run_block(
+          states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task),
+          dense_block=train_block, sparse_block=sparse_block if try_sparse else None)
+      if try_sparse and not ran_sparse:
+        sparse_retry_at = blocks_done + 10
+      if ran_sparse and not sparse_started:
+        sparse_started = True
+        _log(f"task {task + 1} epoch {block * config.eval_every}: at most {sparse_sgd.capacity(spec)} active "
+             "units per example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
+      counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
+      counts, epoch_metrics, epochs_done, lam = jax.device_get(
+          (counts, epoch_metrics, states.epoch,
+           models_gaba_mean(states, spec)))
+      dt = time.time() - t0
+      active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
+      blocks_done += 1
+      session_blocks += 1
+      if session_blocks > 1:  # the first block of a session includes compilation
+        steady_time += dt
+        steady_steps += steps_per_block[task]
+      losses = np.asarray(epoch_metrics.loss)
+      if not np.all(np.isfinite(losses)):
+        bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
+        epoch_in_task = block * config.eval_every + bad_epoch + 1
+        failure = (f"non-finite training loss at task {task}, epoch {epoch_in_task} of that task "
+                   f"(seed {seeds[bad_seed]})")
+        raise FloatingPointError(failure)
+      per_task = counts.correct / np.maximum(counts.count, 1)
+      per_task_il = counts.correct_task_masked / np.maximum(counts.count, 1)
+      full = counts.correct.sum(-1) / counts.count.sum(-1)
+      seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
+      epoch_in_task = (block + 1) * config.eval_every
+      for i, seed in enumerate(seeds):
+        row = dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(losses[i, -1]),
+                   train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
+                   seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
+                   active_per_example=float(epoch_metrics.active_per_example[i, -1]),
+                   gaba_lambda_mean=float(lam[i]),
+                   **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(num_tasks)})
+        writer.writerow(row)
+        curves.append(row)
+      csv_file.flush()
+      if block == blocks_per_task - 1:
+        acc[:, task] = per_task
+        acc_task_il[:, task] = per_task_il
+        if end_task is not None and task < num_tasks - 1:
+          # Task boundary: importances on the finished task, new anchors (reference §5).
+          states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+      if block == blocks_per_task - 1 or blocks_done % checkpoint_every_blocks == 0:
+        save_checkpoint()
+      rate = steady_steps / steady_time if steady_time else float("nan")
+      remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
+                   + steps_per_block[task] * (blocks_per_task - block - 1))
+      eta = _fmt_duration(remaining / rate) if steady_time else "?"
+      _log(f"task {task + 1}/{num_tasks} epoch {epoch_in_task}/{config.epochs_per_task} | "
+           f"full acc {full.mean():.4f}" + (f" ±{full.std(ddof=1) / math.sqrt(num_seeds):.4f}" if num_seeds > 1 else "")
+           + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
+           f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
+           f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
+           + ("sparse step | " if ran_sparse else "")
+           + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
     status = "finished"
     save_final_state(workdir / "final_state.npz", states, seeds)
   except BaseException as e:

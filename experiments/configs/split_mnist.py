@@ -88,6 +88,10 @@ def base_config() -> ml_collections.ConfigDict:
   # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/sparse.py).
   # "dense": always the dense step.
   config.train_step = "auto"
+  # Orbax checkpoints in WORKDIR/checkpoints at every task end and every N epochs; rerunning the
+  # same command with the same --workdir resumes from the newest one (sdm_jax/checkpoint.py).
+  config.checkpoint_every_epochs = 50
+  config.keep_checkpoints = 2
 
   config.model = ml_collections.ConfigDict()
   config.model.kind = "sdmlp"

@@ -1,0 +1,118 @@
+"""Checkpoints: a run killed with SIGKILL resumes to bitwise the same result; bad checkpoints are refused."""
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.configs import split_mnist
+from sdm_jax import checkpoint, experiment
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# A run of ~20 short evaluation blocks, checkpointed every second one (so a kill usually lands
+# between checkpoints and the resumed run redoes some blocks).
+COMMAND = [sys.executable, "-m", "experiments.split_mnist",
+           "--config=experiments/configs/split_mnist.py:sdmlp,tiny", "--config.model.neurons=64",
+           "--config.epochs_per_task=4", "--config.eval_every=1", "--config.checkpoint_every_epochs=2",
+           "--config.seeds=(0,1)", "--config.model.gaba_switch_activations=20000"]
+
+
+def _run(workdir, **popen):
+  return subprocess.Popen(COMMAND + [f"--workdir={workdir}"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, **popen)
+
+
+def _final_state(workdir):
+  with np.load(workdir / "final_state.npz") as f:
+    return {name: f[name] for name in f.files}
+
+
+def test_sigkill_mid_task_then_rerun_gives_bitwise_the_same_params(tmp_path):
+  reference = _run(tmp_path / "reference")
+  _, err = reference.communicate(timeout=300)
+  assert reference.returncode == 0, err[-2000:]
+
+  killed = _run(tmp_path / "killed")
+  for line in killed.stderr:  # wait until training is under way (compiled, task 2 started)
+    if line.startswith("task 2/5"):
+      break
+  time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))  # then kill at a random moment
+  assert killed.poll() is None, "the run finished before it could be killed"
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  assert any((tmp_path / "killed" / "checkpoints").iterdir())
+
+  resumed = _run(tmp_path / "killed")
+  _, err = resumed.communicate(timeout=300)
+  assert resumed.returncode == 0, err[-2000:]
+  assert "resuming from" in err
+  a, b = _final_state(tmp_path / "reference"), _final_state(tmp_path / "killed")
+  assert a.keys() == b.keys()
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bitwise
+  results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("reference", "killed")]
+  assert [s["acc_matrix"] for s in results[0]["per_seed"]] == [s["acc_matrix"] for s in results[1]["per_seed"]]
+  assert len(results[1]["per_seed"][0]["curves"]) == 20  # every evaluation once, none repeated
+
+
+def _tiny(**overrides):
+  config = split_mnist.get_config("relu,tiny")
+  config.model.neurons = 32
+  config.epochs_per_task = 1
+  for name, value in overrides.items():
+    config[name] = value
+  return config
+
+
+def test_resuming_with_another_config_is_refused_naming_the_field(tmp_path):
+  experiment.train_and_evaluate(_tiny(), tmp_path)
+  changed = _tiny()
+  changed.optimizer.learning_rate = 0.1
+  with pytest.raises(ValueError, match=r"optimizer\.learning_rate \(checkpoint: 0\.05, now: 0\.1\)"):
+    experiment.train_and_evaluate(changed, tmp_path)
+  # Fields that do not change the result may differ.
+  experiment.train_and_evaluate(_tiny(keep_checkpoints=3), tmp_path)
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_usable(tmp_path):
+  states = {"w": jnp.arange(6.0).reshape(2, 3), "key": jax.random.PRNGKey(0)}
+  mgr = checkpoint.manager(tmp_path)
+  config = {"a": 1}
+  checkpoint.save(mgr, 1, states, {"blocks_done": 1}, config)
+  checkpoint.save(mgr, 2, jax.tree.map(lambda x: x + 1, states), {"blocks_done": 2}, config)
+  # What a crash during the save of step 3 leaves behind: orbax's temporary directory,
+  # half written (here: a copy of step 2 with a truncated array file).
+  partial = tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp-1234567"
+  shutil.copytree(tmp_path / "checkpoints" / "2", partial)
+  for f in partial.rglob("*"):
+    if f.is_file() and f.stat().st_size > 0:
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+  restored = checkpoint.restore_latest(checkpoint.manager(tmp_path), states, config)
+  assert restored is not None
+  restored_states, progress = restored
+  assert progress["blocks_done"] == 2
+  np.testing.assert_array_equal(restored_states["w"], np.arange(6.0).reshape(2, 3) + 1)
+
+
+def test_corrupt_or_foreign_checkpoint_gives_a_clear_error(tmp_path):
+  experiment.train_and_evaluate(_tiny(), tmp_path / "corrupt")
+  latest = max((tmp_path / "corrupt" / "checkpoints").iterdir(), key=lambda p: int(p.name))
+  shutil.rmtree(latest / "state")
+  with pytest.raises(ValueError, match=f"checkpoint .*{latest.name}.* could not be restored"):
+    experiment.train_and_evaluate(_tiny(), tmp_path / "corrupt")
+  # A checkpoint folder that is not ours at all.
+  foreign = tmp_path / "foreign" / "checkpoints" / "7"
+  foreign.mkdir(parents=True)
+  (foreign / "something.txt").write_text("not a checkpoint")
+  with pytest.raises(ValueError, match="not a readable sdm_jax checkpoint"):
+    experiment.train_and_evaluate(_tiny(), tmp_path / "foreign")
