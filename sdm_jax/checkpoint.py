@@ -26,9 +26,11 @@ the next block, so an asynchronous save could read freed memory.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
-from typing import Any
+from typing import Any, Iterator
 
+from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
@@ -36,17 +38,30 @@ import orbax.checkpoint as ocp
 RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints")
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+  """Orbax logs several INFO lines per save; they would drown the progress lines."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.WARNING)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+
+
 def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A CheckpointManager over `workdir/checkpoints`, synchronous, keeping the last `max_to_keep`."""
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
-  return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / "checkpoints", options=options)
+  with _quiet():
+    return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / "checkpoints", options=options)
 
 
 def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: dict) -> None:
-  mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(states),
-                                         progress=ocp.args.JsonSave(progress),
-                                         config=ocp.args.JsonSave(config)), force=True)
-  mgr.wait_until_finished()
+  with _quiet():
+    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(states),
+                                           progress=ocp.args.JsonSave(progress),
+                                           config=ocp.args.JsonSave(config)), force=True)
+    mgr.wait_until_finished()
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -70,6 +85,11 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_states, config: dict) ->
   Raises ValueError if the checkpoint was written by a different config (naming
   the fields) or cannot be read (naming the directory).
   """
+  with _quiet():
+    return _restore_latest(mgr, abstract_states, config)
+
+
+def _restore_latest(mgr, abstract_states, config):
   step = mgr.latest_step()
   if step is None:
     return None
