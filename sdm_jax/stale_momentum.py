@@ -107,7 +107,8 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray, eps: float) -> np.ndarray:
 
 
 def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA1,
-             beta2: float = BETA2, alpha: float = ALPHA, eps: float = 0.0) -> Trace:
+             beta2: float = BETA2, alpha: float = ALPHA, eps: float = 0.0,
+             lazy: bool = False) -> Trace:
   """Runs one optimiser from a zero state over a gradient stream (paper Eqs. SGDM/Adam/RMSProp).
 
   Args:
@@ -116,6 +117,9 @@ def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA
       independent weights simulated side by side (used to sweep gaps at once).
     gamma, beta1, beta2, alpha: the appendix's hyperparameters.
     eps: 0 reproduces the paper's equations; 1e-8 the notebook (added to the root).
+    lazy: the "sparse optimizer" the paper leaves to future work (sdm_jax/lazy.py
+      for real models): on a step whose gradient is exactly 0 the state is
+      frozen and Δ = 0, so a silent stretch is skipped as if it never happened.
 
   Returns:
     A `Trace` of float64 arrays shaped like `grads`.
@@ -126,18 +130,19 @@ def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA
   v = np.zeros(grads.shape[1:])
   out = {name: np.zeros_like(grads) for name in Trace._fields}
   for t, g in enumerate(grads):
+    keep = (g == 0) if lazy else np.zeros(g.shape, bool)
     if optimizer == "sgdm":
-      m = gamma * m + g                      # Δ_t = γ Δ_{t-1} + g_t (see module docstring)
-      num, den, update = m, np.ones_like(m), m
+      m = np.where(keep, m, gamma * m + g)   # Δ_t = γ Δ_{t-1} + g_t (see module docstring)
+      num, den = m, np.ones_like(m)
     elif optimizer == "adam":
-      m = beta1 * m + (1 - beta1) * g
-      v = beta2 * v + (1 - beta2) * g**2
+      m = np.where(keep, m, beta1 * m + (1 - beta1) * g)
+      v = np.where(keep, v, beta2 * v + (1 - beta2) * g**2)
       num, den = m / (1 - beta1), np.sqrt(v / (1 - beta2))  # constant correction, as the paper
-      update = _safe_ratio(num, den, eps)
     else:
-      v = alpha * v + (1 - alpha) * g**2
+      v = np.where(keep, v, alpha * v + (1 - alpha) * g**2)
       num, den = g, np.sqrt(v)
-      update = _safe_ratio(num, den, eps)
+    ratio = num if optimizer == "sgdm" else _safe_ratio(num, den, eps)
+    update = np.where(keep, 0.0, ratio)
     for name, value in zip(Trace._fields, (update, num, den, m, v)):
       out[name][t] = value
   return Trace(**out)

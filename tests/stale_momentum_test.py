@@ -149,3 +149,15 @@ def test_bad_arguments():
     sm.amplification("adam", [0])
   with pytest.raises(ValueError):
     sm.sparse_gradients(5, (5,))
+
+
+@pytest.mark.parametrize("optimizer", sm.OPTIMIZERS)
+def test_lazy_variant_makes_the_gap_irrelevant(optimizer):
+  # Freezing the state on zero-gradient steps (sdm_jax/lazy.py's semantics):
+  # the re-activation update is the gap-1 (dense) one whatever the gap, and
+  # nothing moves while silent.
+  gaps = np.arange(1, 300)
+  lazy = sm.amplification(optimizer, gaps, lazy=True)
+  np.testing.assert_allclose(lazy, sm.amplification(optimizer, 1), rtol=1e-12)
+  t = _trace(optimizer, steps=30, lazy=True)
+  np.testing.assert_array_equal(t.update[2:], 0.0)

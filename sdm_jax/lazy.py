@@ -1,0 +1,231 @@
+"""Lazy (sparse) optimisers: state and update frozen for neurons that did not fire.
+
+Synopsis::
+
+    tx = optax.chain(optax.clip_by_global_norm(1.0), lazy.lazy_adam(1e-3))
+    opt_state = tx.init(params)            # params = {'hidden': {'kernel': [n_in, r]},
+    updates, opt_state = tx.update(grads, opt_state, params)  #   'output': {'kernel': [r, C]}}
+    params = optax.apply_updates(params, updates)
+    # A neuron j with grads['hidden']['kernel'][:, j] == 0 and grads['output']['kernel'][j] == 0
+    # gets an exactly-zero update, and its Adam mu, nu and step count are bit-for-bit unchanged.
+
+The paper (App. Stale Momentum, "Practical Takeaways") proposes sparse
+optimisers such as PyTorch's SparseAdam / TensorFlow's LazyAdam as future work
+and never tests them. This module makes them available to the JAX models.
+
+Semantics. "Did not fire" is read off the gradient itself: a neuron outside the
+Top-K for every example in the batch gets an exactly zero gradient for its
+address (column j of params['hidden']['kernel'], Flax layout [n_in, r]), its
+value row (row j of params['output']['kernel'], [r, C]) and its bias, if any.
+`neuron_activity` marks neuron j active when ANY of these is nonzero (per-
+neuron masking, the paper's description); every other leaf (output bias, or a
+params tree without the SDM layout) falls back to per-element masking, g != 0.
+`lazy(inner)` then runs `inner` as usual and, for inactive entries,
+
+* replaces the update by exactly 0, and
+* keeps every optimiser-state subtree that mirrors the parameters (momentum
+  buffers, first/second moments, per-element counts) at its previous value.
+
+Scalar state (a global step count, a schedule's count) advances as `inner`
+says. Per-neuron and per-element masking differ only for an active neuron with
+some exactly-zero gradient entries (e.g. an input pixel that is 0 in the whole
+batch): per-neuron updates the whole column, so those entries' moments decay.
+
+Adam's bias-correction count. `lazy(optax.adam(...))` keeps optax's scalar
+count, which advances every step, as TF LazyAdam (global step) and PyTorch
+SparseAdam (per-tensor step) do: a neuron that first fires at step 1000 then
+gets m̂ = 0.1 g / (1 − 0.9^1000) ≈ 0.1 g and √v̂ = √(0.001 g² / (1 − 0.999^1000))
+≈ 0.04 |g|, a 2.5x larger first step than a fresh Adam's sign(g) (3.2x for
+t ≫ 1000), i.e. a stale-momentum spike of its own. The default
+of `lazy_adam` is therefore a count PER ELEMENT that is frozen with the moments
+(`scale_by_adam_per_element_count`): each neuron then follows exactly the Adam
+trajectory of the subsequence of batches in which it fired (tests/lazy_test.py
+checks this bit for bit). Pass `per_neuron_count=False` for the global count.
+
+What freezing does NOT do (paper: "failing to update the momentum term in a
+novel way will theoretically still result in ... exploding re-activated neuron
+gradients"): on re-activation the neuron resumes with the moments of its last
+firing. In the scalar toy this turns the gap-dependent spike into the gap-1
+(dense) update for every gap (sdm_jax/stale_momentum.simulate(lazy=True)).
+
+Put `lazy` after gradient clipping and before anything that adds to the
+gradient: a term that is nonzero for silent neurons (weight decay added to the
+gradient, EWC/MAS/SI/L2 penalty gradients) makes them look active. Wrap only
+element-wise optimisers; do not wrap optax.MultiSteps (its accumulator must
+reset for every entry).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+ActivityFn = Callable[[optax.Updates], Any]
+
+
+def elementwise_activity(grads: optax.Updates) -> Any:
+  """Per-element mask: True where the gradient is not exactly zero (NaN counts as active)."""
+  return jax.tree.map(lambda g: g != 0, grads)
+
+
+def _sdm_kernels(grads) -> tuple[jax.Array, jax.Array] | None:
+  """(hidden kernel [n_in, r], output kernel [r, C]) if `grads` has the SDM layout, else None."""
+  try:
+    hidden, output = grads["hidden"]["kernel"], grads["output"]["kernel"]
+  except (KeyError, TypeError, IndexError, ValueError):
+    return None
+  if jnp.ndim(hidden) != 2 or jnp.ndim(output) != 2 or hidden.shape[1] != output.shape[0]:
+    return None
+  return hidden, output
+
+
+def neuron_activity(grads: optax.Updates) -> Any:
+  """Masks broadcastable to each gradient leaf: which entries may change this step.
+
+  For the SDM params layout neuron j is active iff its address column, value
+  row or hidden bias has a nonzero gradient; those three leaves get the
+  per-neuron mask (shapes [1, r], [r, 1], [r]). All other leaves, and any tree
+  without that layout, get `elementwise_activity`.
+  """
+  kernels = _sdm_kernels(grads)
+  if kernels is None:
+    return elementwise_activity(grads)
+  hidden, output = kernels
+  fired = jnp.any(hidden != 0, axis=0) | jnp.any(output != 0, axis=1)
+  hidden_bias = grads["hidden"].get("bias") if hasattr(grads["hidden"], "get") else None
+  if hidden_bias is not None:
+    fired = fired | (hidden_bias != 0)
+  per_neuron = {("hidden", "kernel"): fired[None, :], ("output", "kernel"): fired[:, None],
+                ("hidden", "bias"): fired}
+
+  def mask(path, g):
+    keys = tuple(getattr(k, "key", None) for k in path)
+    return per_neuron[keys] if keys in per_neuron else g != 0
+
+  return jax.tree_util.tree_map_with_path(mask, grads)
+
+
+def _select_param_like(active, new_state, old_state, like):
+  """In every state subtree shaped like `like`, takes `new` where active, else `old`."""
+  treedef = jax.tree.structure(like)
+  shapes = [jnp.shape(x) for x in jax.tree.leaves(like)]
+
+  def is_param_like(node) -> bool:
+    if jax.tree.structure(node) != treedef:
+      return False
+    return [jnp.shape(x) for x in jax.tree.leaves(node)] == shapes
+
+  def select(new, old):
+    if not is_param_like(new):
+      return new  # scalar counts etc.: advance as the inner transformation says
+    return jax.tree.map(lambda a, n, o: jnp.where(a, n, o), active, new, old)
+
+  return jax.tree.map(select, new_state, old_state, is_leaf=is_param_like)
+
+
+class LazyState(NamedTuple):
+  """State of `lazy`: the wrapped transformation's state."""
+  inner_state: optax.OptState
+
+
+def lazy(inner: optax.GradientTransformation, *,
+         activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+  """Freezes `inner`'s update and params-shaped state wherever `activity_fn(grads)` is False.
+
+  Args:
+    inner: an element-wise optax transformation (sgd, momentum, adam, rmsprop...).
+    activity_fn: maps the incoming gradient tree to boolean masks broadcastable
+      to each leaf; default `neuron_activity` (per neuron for SDM params,
+      per element elsewhere). Pass `elementwise_activity` for the simplest exact rule.
+
+  Returns:
+    An `optax.GradientTransformation`; active entries get exactly `inner`'s
+    update, inactive ones exactly 0 and their state unchanged.
+  """
+
+  def init_fn(params):
+    return LazyState(inner_state=inner.init(params))
+
+  def update_fn(updates, state, params=None):
+    active = activity_fn(updates)  # from the gradient as it arrives (after clipping)
+    new_updates, inner_state = inner.update(updates, state.inner_state, params)
+    new_updates = jax.tree.map(lambda a, u: jnp.where(a, u, jnp.zeros_like(u)), active, new_updates)
+    inner_state = _select_param_like(active, inner_state, state.inner_state, updates)
+    return new_updates, LazyState(inner_state=inner_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByAdamPerElementCountState(NamedTuple):
+  """Adam moments plus a step count per element (shaped like the params, int32)."""
+  count: optax.Updates
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_adam_per_element_count(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                                    eps_root: float = 0.0) -> optax.GradientTransformation:
+  """`optax.scale_by_adam` with the bias-correction count kept per element.
+
+  Kingma & Ba (2015) Alg. 1 with t counted per parameter entry. Unwrapped, every
+  count is the global step and the update equals `optax.scale_by_adam`'s; under
+  `lazy` the count freezes with the moments, so a neuron's bias correction
+  counts the batches in which it fired.
+  """
+
+  def init_fn(params):
+    return ScaleByAdamPerElementCountState(
+        count=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params),
+        mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = jax.tree.map(optax.safe_increment, state.count)
+    # The same arithmetic as optax.scale_by_adam, with an array count per leaf.
+    mu_hat = jax.tree.map(lambda m, c: optax.tree.bias_correction(m, b1, c), mu, count)
+    nu_hat = jax.tree.map(lambda v, c: optax.tree.bias_correction(v, b2, c), nu, count)
+    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + eps_root) + eps), mu_hat, nu_hat)
+    return updates, ScaleByAdamPerElementCountState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def lazy_sgdm(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.9, *,
+              nesterov: bool = False,
+              activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+  """Lazy SGD with momentum, torch convention (buffer = μ buffer + g) as `optim.base_optimizer`."""
+  return lazy(optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov),
+              activity_fn=activity_fn)
+
+
+def lazy_rmsprop(learning_rate: optax.ScalarOrSchedule, decay: float = 0.99, eps: float = 1e-8, *,
+                 activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+  """Lazy RMSProp, torch defaults (α 0.99, eps outside the root), as `optim.base_optimizer`."""
+  return lazy(optax.rmsprop(learning_rate, decay=decay, eps=eps, eps_in_sqrt=False),
+              activity_fn=activity_fn)
+
+
+def lazy_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+              eps: float = 1e-8, *, per_neuron_count: bool = True,
+              activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+  """Lazy Adam (torch defaults).
+
+  Args:
+    learning_rate: a float or an optax schedule (its count is global).
+    b1, b2, eps: Adam's hyperparameters.
+    per_neuron_count: True (default): the bias-correction count is frozen with
+      the moments, so it counts the batches in which each neuron fired.
+      False: optax.adam's global count, advancing every step (LazyAdam / SparseAdam).
+    activity_fn: see `lazy`.
+  """
+  if per_neuron_count:
+    inner = optax.chain(scale_by_adam_per_element_count(b1, b2, eps),
+                        optax.scale_by_learning_rate(learning_rate))
+  else:
+    inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+  return lazy(inner, activity_fn=activity_fn)
