@@ -134,6 +134,9 @@ def readme() -> str:
     paper = f"{PAPER[opt]:g}x" if PAPER[opt] else "-"
     rows += (f"| {opt} | " + " | ".join(f"{a:.3g}x" for a in amps)
              + f" | {sm.limit_amplification(opt):.3g}x | {paper} | {dense:.3g}x |\n")
+  lazy = ", ".join(f"{opt} {sm.amplification(opt, 1, lazy=True):.3g}x"
+                   for opt in ("rmsprop", "adam", "sgdm"))
+  lazy_adam = f"{sm.amplification('adam', 1, lazy=True):.3g}x"
   return f"""# Stale-momentum toy (paper App. "Stale Momentum", toy figure panels a-c)
 
 Regenerate: `python -m experiments.stale_momentum --out=experiments/results/stale_momentum`
@@ -163,6 +166,12 @@ Warm-up firings at steps 0 and 1 (as the notebook), next firing `gap` steps late
 * Last column: the same update divided by the steady-state update of a DENSE
   stream of g = 0.2 (SGDM g/(1−γ) = 2.0; Adam with the constant correction
   √(1−β2)/(1−β1) = 0.316; RMSProp 1). This normalisation is ours, not the paper's.
+* Lazy variants (state frozen on zero-gradient steps, the paper's untested
+  "sparse optimizers"; `sdm_jax/lazy.py`, toy: `simulate(..., lazy=True)`):
+  the re-activation update no longer depends on the gap, it is the gap-1
+  (dense) value for every gap: {lazy}; nothing moves while silent. (Adam's
+  {lazy_adam} comes from the paper's constant bias correction; with the usual
+  1/(1−β^t) correction a dense third step is exactly sign(g), i.e. 5x.)
 
 ## Figures
 
