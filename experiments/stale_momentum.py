@@ -3,7 +3,7 @@ r"""The appendix's stale-momentum toy figure (panels a-c) as PNGs, plus a README
     python -m experiments.stale_momentum --out=experiments/results/stale_momentum
 
 Writes `updates.png` (panel a), `moments.png` (panel b), `amplification.png`
-(panel c) and `README.md` into --out. Pure numpy, well under a second of CPU.
+(panel c) and `README.md` into --out. Pure numpy, a few seconds of CPU.
 The model and the paper-versus-notebook choices are in sdm_jax/stale_momentum.py.
 """
 

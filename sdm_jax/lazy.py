@@ -2,12 +2,13 @@
 
 Synopsis::
 
+    # params = {'hidden': {'kernel': [n_in, r]}, 'output': {'kernel': [r, C]}}
     tx = optax.chain(optax.clip_by_global_norm(1.0), lazy.lazy_adam(1e-3))
-    opt_state = tx.init(params)            # params = {'hidden': {'kernel': [n_in, r]},
-    updates, opt_state = tx.update(grads, opt_state, params)  #   'output': {'kernel': [r, C]}}
+    opt_state = tx.init(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     # A neuron j with grads['hidden']['kernel'][:, j] == 0 and grads['output']['kernel'][j] == 0
-    # gets an exactly-zero update, and its Adam mu, nu and step count are bit-for-bit unchanged.
+    # gets an exactly-zero update; its Adam mu, nu and step count are bit-for-bit unchanged.
 
 The paper (App. Stale Momentum, "Practical Takeaways") proposes sparse
 optimisers such as PyTorch's SparseAdam / TensorFlow's LazyAdam as future work
