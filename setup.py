@@ -24,9 +24,10 @@ setuptools.setup(
     package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"]},
     install_requires=CORE,
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
-        "torch": ["torch"],
+        # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
+        "torch": ["torch>=2.4"],
     },
 )
