@@ -166,9 +166,10 @@ def test_umap_embeddings_have_the_right_shapes():
   weights, data, kept = analysis.umap_inputs(kernel, x, np.where(np.arange(40) < 30, 50, 10), l2_norm=True)
   assert weights.shape == (30, 20) and len(kept) == 30  # neurons with <= 10 activations dropped
   np.testing.assert_allclose(np.linalg.norm(data, axis=1), 1.0)
-  d, w = analysis.umap_fit_weights(weights, data, n_neighbors=5, n_epochs=20)
+  fast = dict(n_neighbors=5, n_epochs=20, init="random")  # numba compiles ~10 s once; keep the rest small
+  d, w = analysis.umap_fit_weights(weights, data, **fast)
   assert d.shape == (120, 2) and w.shape == (30, 2)
-  d, w = analysis.umap_fit_data(weights, data, n_neighbors=5, n_epochs=20)
+  d, w = analysis.umap_fit_data(weights, data, **fast)
   assert d.shape == (120, 2) and w.shape == (30, 2)
 
 
@@ -223,7 +224,7 @@ def test_analyze_cli_end_to_end(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.analyze", f"--workdir={sdm}", f"--workdir={relu}", f"--out={out}",
-       "--max_examples=300", "--no_umap"], capture_output=True, text=True, timeout=300)
+       "--max_examples=300", "--no_umap", "--note=runs made by the test"], capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   pngs = sorted(p.name for p in out.glob("*.png"))
   assert pngs == sorted(["sdm_accuracy_per_task.png", "sdm_accuracy_matrix.png", "relu_accuracy_per_task.png",
@@ -234,4 +235,4 @@ def test_analyze_cli_end_to_end(tmp_path):
     assert f"]({png})" in report
   assert "no final_state.npz" in report and "--no_umap" in report
   assert "0.99" in report and "2.25" in report  # the paper's Table 10 values beside ours
-  assert "300 training examples" in report
+  assert "300 training examples" in report and "- runs made by the test" in report
