@@ -28,7 +28,6 @@ import math
 import pathlib
 import re
 import sys
-from typing import Any
 
 from absl import app, flags
 import matplotlib
