@@ -2,17 +2,22 @@
 
 Synopsis::
 
-    import numpy as np
-    from sdm_jax import analysis, experiment
+    import json
+    import ml_collections
+    from sdm_jax import analysis, data, experiment
 
-    seeds, params, gaba_counts = experiment.load_final_state("/tmp/run/final_state.npz")
-    stats = analysis.neuron_statistics(
-        analysis.seed_params(params, 0), x_uint8, labels, spec=spec, gaba_counts=gaba_counts[0],
-        num_classes=10)
+    run = "/tmp/an/sdmlp"  # a finished `python -m experiments.split_mnist ... --workdir=/tmp/an/sdmlp`
+    spec = experiment.model_spec(ml_collections.ConfigDict(json.load(open(f"{run}/config.json"))))
+    seeds, params, gaba_counts = experiment.load_final_state(f"{run}/final_state.npz")
+    ds = data.load_dataset("mnist")
+    keep = analysis.balanced_subset(ds["train_labels"], 10_000)
+    stats = analysis.neuron_statistics(analysis.seed_params(params, 0), ds["train_images"][keep],
+                                       ds["train_labels"][keep].astype(int), spec=spec, num_classes=10,
+                                       gaba_counts=gaba_counts[0])
     ent = analysis.neuron_class_entropy(stats.counts_entropy)
-    print(ent.weighted_mean, ent.mean, ent.median)       # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
+    print(ent.weighted_mean, ent.mean, ent.median)     # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
     print(analysis.alive_fraction(stats.counts), analysis.dead_fraction(stats.activity_sum))
-    curves = analysis.curves_over_seeds(analysis.read_metrics_csv("/tmp/run/metrics.csv"))
+    curves = analysis.curves_over_seeds(analysis.read_metrics_csv(f"{run}/metrics.csv"))
 
 Everything here computes; nothing plots (experiments/analyze.py draws the
 figures). The definitions follow the authors' analysis code as described in
