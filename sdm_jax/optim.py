@@ -21,7 +21,9 @@ from typing import Callable
 import jax
 import optax
 
-OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw")
+from sdm_jax import lazy
+
+OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
 
 
 def project_after_update(projection: Callable) -> optax.GradientTransformation:
@@ -60,6 +62,14 @@ def base_optimizer(name: str, learning_rate: float, *, momentum: float = 0.9,
     return optax.rmsprop(learning_rate, decay=0.99, eps=1e-8, eps_in_sqrt=False)
   if name == "adamw":
     return optax.adamw(learning_rate, weight_decay=weight_decay)
+  # Lazy variants (sdm_jax/lazy.py): a neuron silent for the whole batch keeps its optimiser
+  # state and gets no update, the cure for stale momentum the paper proposes (App. "Stale Momentum").
+  if name == "lazy_sgdm":
+    return lazy.lazy_sgdm(learning_rate, momentum=momentum)
+  if name == "lazy_adam":
+    return lazy.lazy_adam(learning_rate)
+  if name == "lazy_rmsprop":
+    return lazy.lazy_rmsprop(learning_rate)
   raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
 
 

@@ -201,3 +201,21 @@ def test_unknown_optimizer_raises():
     optim.make_optimizer("lamb", LR)
   with pytest.raises(ValueError, match="optimizer.name"):
     optim.base_optimizer("SGD", LR)
+
+
+@pytest.mark.parametrize("name", ["lazy_sgdm", "lazy_adam", "lazy_rmsprop"])
+def test_lazy_optimizers_in_the_chain_leave_silent_neurons_alone(name):
+  """Through make_optimizer (clip -> lazy optimiser -> projection): a neuron with a zero
+  gradient keeps its parameters; the others move."""
+  spec = models.sdmlp(6, 4, 3, k=1)
+  params = models.init_params(jax.random.PRNGKey(0), spec)
+  tx = optim.make_optimizer(name, 0.1, projection=functools.partial(models.project_params, spec=spec))
+  state = tx.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["hidden"]["kernel"] = grads["hidden"]["kernel"].at[:, 2].set(0.0)  # neuron 2 silent
+  grads["output"]["kernel"] = grads["output"]["kernel"].at[2].set(0.0)
+  updates, state = jax.jit(tx.update)(grads, state, params)
+  new = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(new["hidden"]["kernel"][:, 2], params["hidden"]["kernel"][:, 2], atol=1e-7)
+  np.testing.assert_array_equal(new["output"]["kernel"][2], params["output"]["kernel"][2])
+  assert not np.allclose(new["output"]["kernel"][0], params["output"]["kernel"][0])
