@@ -25,13 +25,16 @@ set after the last task.
 
 Paper (Table 7, 500 epochs/task): see PAPER_FINAL_ACCURACY.
 
-Measured 2026-11-22 on a 2-core x86_64 VM (CPU, jax 0.10.2), `quick` (50 epochs
-per task, T = 500K), seeds (0, 1, 2) vmapped in one run, final full-test accuracy
-mean ± s.e.m. (results: experiments/results/split_mnist_*_quick.json):
-  sdmlp (1K, k=10): 0.4505 ± 0.0045  (0.444 / 0.448 / 0.459), wall 8m32s
-  relu  (1K)      : 0.1971 ± 0.0001  (0.197 / 0.197 / 0.197), wall 5m35s
-The paper's 0.53 (SDMLP) and 0.21 (ReLU) are for 500 epochs per task; the
-full schedule has not been run here yet (about 1h30 per seed for SDMLP).
+Measured 2026-11-22 on a 2-core x86_64 VM (CPU, jax 0.10.2), `--epochs_per_task=50` (T = 500K),
+seeds (0, 1, 2) as one program per row, final full-test accuracy mean ± s.e.m.; the whole table
+(11 rows) took 45 min (`python -m experiments.reproduce --table=split_mnist --epochs_per_task=50
+--oracle_epochs=20`; experiments/results/split_mnist_quick/):
+  sdmlp 0.450 ± 0.004 (6m32s)   sdmlp_k1 0.602 ± 0.017   sdmlp_ewc 0.599 ± 0.008
+  relu 0.197 ± 0.000 (4m31s)    topk 0.197 ± 0.000       ewc 0.223 ± 0.002
+  mas 0.236 ± 0.008             si 0.295 ± 0.099         oracle (20 ep) 0.971 ± 0.000
+  flymodel 0.773 ± 0.007        flymodel_10k 0.909 ± 0.001
+The 500-epoch schedule (the paper's numbers) has not been run here yet: about 30 min per seed
+per 1K row. EWC and MAS are far below the paper (see the results README).
 """
 
 import ml_collections
