@@ -23,14 +23,17 @@ def _mnist_task(per_task=700):
 
 
 @pytest.mark.parametrize("ties", [False, True])
-def test_top_values_and_indices_match_a_sort(ties):
+@pytest.mark.parametrize("r", [203, 5003])  # a partial last chunk; 5003: chunks chosen recursively
+def test_top_values_and_indices_match_a_sort(ties, r):
   rng = np.random.default_rng(0)
-  a = rng.random((32, 203)).astype(np.float32)  # 203: the last chunk is partial
+  a = rng.random((32, r)).astype(np.float32)
   if ties:
     a = np.round(a * 5) / 5
     a[rng.random(a.shape) < 0.4] = 0.0
   values, indices = jax.jit(lambda a: layers.top_values_and_indices(a, 11))(a)
   values, indices = np.asarray(values), np.asarray(indices)
+  values_t, indices_t = jax.jit(lambda a: layers.top_values_and_indices(a, 11, axis=0))(a.T)
+  np.testing.assert_array_equal(np.asarray(values_t), values)  # the neuron-major layout agrees
   np.testing.assert_array_equal(values, -np.sort(-a, axis=1)[:, :11])
   np.testing.assert_array_equal(np.take_along_axis(a, indices, axis=1), values)  # indices point at them
   assert all(len(set(row)) == 11 for row in indices.tolist())  # ties: distinct units, counted with multiplicity
