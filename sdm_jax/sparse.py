@@ -59,7 +59,8 @@ class SparseSGD(NamedTuple):
   `max_active` is the static number of active units per example the sparse
   step carries (default k: after the switch at most k fire). A batch in which
   some example has more (neurons still short of lambda = +1 fire beyond the
-  top k) takes the dense step instead, so the result is always exact. The
+  top k) is flagged, and `train.run_block` redoes its block with the dense step, so
+  the result is always exact. The
   scatters cost B * max_active rows, so a larger value is slower everywhere.
   """
 
@@ -139,11 +140,14 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
     most_active = jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
     hidden, winners = winners_after_switch()
   state, stats = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
-  return state, stats[:-1] + ((most_active <= capacity).astype(jnp.int32),)
+  return state, stats + ((most_active <= capacity).astype(jnp.int32),)
 
 
 def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
-  """The SGD step from the active units' values `hidden` [B, m] and indices `winners` [B, m]."""
+  """The SGD step from the active units' values `hidden` [B, m] and indices `winners` [B, m].
+
+  Returns the new state and (loss sum, correct, activity sum [r], active count).
+  """
   addresses = state.params["hidden"]["kernel"]  # [r, n]
   values_kernel = state.params["output"]["kernel"]  # [r, classes]
   batch = x.shape[0]
@@ -209,6 +213,5 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
             "output": {**state.params["output"], "kernel": values_kernel}}
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(hidden.reshape(-1))
-  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum(),
-           jnp.ones((), jnp.int32))
+  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
   return new_state, stats
