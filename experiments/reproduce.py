@@ -25,16 +25,11 @@ classes) side by side, with epochs and wall time.
 from __future__ import annotations
 
 import importlib
-import json
-import math
 import pathlib
-import platform
-import time
 
 from absl import app, flags
-import numpy as np
 
-from sdm_jax import experiment
+from experiments import tables
 
 TABLES = {"split_mnist": "Table 7 (Split MNIST)", "split_fashion_mnist": "Table 8 (Split FashionMNIST)"}
 
@@ -47,64 +42,6 @@ _DATA_DIR = flags.DEFINE_string("data_dir", "", "Dataset folder (Fashion-MNIST);
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
 
-def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: int, seeds, data_dir: str):
-  config = table_module.get_config(row)
-  is_oracle = config.classes_per_task == config.num_classes
-  if is_oracle and oracle_epochs:
-    config = table_module.with_epochs_per_task(config, oracle_epochs)
-  elif not is_oracle and epochs_per_task:
-    config = table_module.with_epochs_per_task(config, epochs_per_task)
-  config.seeds = tuple(int(s) for s in seeds)
-  if data_dir:
-    config.data_dir = data_dir
-  return config
-
-
-def _finished(workdir: pathlib.Path, config) -> dict | None:
-  """The row's results if it already finished with exactly this config."""
-  try:
-    results = json.loads((workdir / "results.json").read_text())
-    saved = json.loads((workdir / "config.json").read_text())
-  except (OSError, ValueError):
-    return None
-  if results.get("status") != "finished" or saved != json.loads(config.to_json_best_effort(sort_keys=True)):
-    return None
-  return results
-
-
-def _mean_sem(values) -> str:
-  values = [v for v in values if v is not None and not math.isnan(v)]
-  if not values:
-    return "–"
-  if len(values) == 1:
-    return f"{values[0]:.3f}"
-  return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) / math.sqrt(len(values)):.3f}"
-
-
-def table_row(row: str, config, results: dict) -> str:
-  per_seed = results["per_seed"]
-  finals = [s["final_accuracy"] for s in per_seed]
-  m = config.model
-  k = m.n_response if m.kind == "flymodel" else (m.k if m.kind in ("sdmlp", "topk") else "NA")
-  paper = f"{config.paper_final_accuracy:.2f}" if config.paper_final_accuracy >= 0 else "–"
-  get = lambda key: [s.get(key) for s in per_seed]
-  epochs = "1 pass" if m.kind == "flymodel" else str(config.epochs_per_task)
-  if config.classes_per_task == config.num_classes:
-    epochs += " (all classes)"
-  measured = _mean_sem(finals)
-  gap = f"{np.mean(finals) - config.paper_final_accuracy:+.3f}" if config.paper_final_accuracy >= 0 else "–"
-  return (f"| {row} | {m.neurons:,} | {k} | {paper} | **{measured}** | {gap} | "
-          f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
-          f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
-          f"{_mean_sem(get('forgetting_task_incremental'))} | {epochs} | "
-          f"{experiment._fmt_duration(results['wall_time_s'])} |")
-
-
-HEADER = ("| row | neurons | k | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
-          "task-IL final acc. | task-IL forgetting | epochs/task | wall |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -114,36 +51,16 @@ def main(argv):
   unknown = [r for r in rows if r not in module.ROWS]
   if unknown:
     raise app.UsageError(f"--rows: unknown {unknown}; {table} has {list(module.ROWS)}")
+  configs = {row: tables.row_config(module, row, epochs_per_task=_EPOCHS.value,
+                                    oracle_epochs=_ORACLE_EPOCHS.value, seeds=_SEEDS.value,
+                                    data_dir=_DATA_DIR.value)
+             for row in rows}
+  command = (f"python -m experiments.reproduce --table={table} --rows={','.join(rows)}"
+             + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
+             + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
+             + f" --seeds={','.join(_SEEDS.value)}")
   workdir = pathlib.Path(_WORKDIR.value)
-  configs = {row: row_config(module, row, epochs_per_task=_EPOCHS.value, oracle_epochs=_ORACLE_EPOCHS.value,
-                             seeds=_SEEDS.value, data_dir=_DATA_DIR.value) for row in rows}
-  for config in configs.values():  # refuse a bad row before spending an hour on the others
-    experiment.validate_config(config)
-  lines = []
-  start = time.time()
-  for i, row in enumerate(rows):
-    config = configs[row]
-    results = _finished(workdir / row, config)
-    if results is None:
-      print(f"[{i + 1}/{len(rows)}] {row}", flush=True)
-      results = experiment.train_and_evaluate(config, workdir / row)
-    else:
-      print(f"[{i + 1}/{len(rows)}] {row}: finished earlier, not rerun", flush=True)
-    lines.append(table_row(row, config, results))
-    text = (f"# {TABLES[table]}: paper vs sdm_jax\n\n"
-            f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-            f"{results['machine']}. Seeds {', '.join(_SEEDS.value)} per row. Final accuracy = accuracy on "
-            "the full test set after the last task (the paper's metric); forgetting = max over earlier "
-            "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
-            "just-learned accuracy; task-IL = logits masked to the task's classes.\n\n"
-            f"Command: `python -m experiments.reproduce --table={table} --rows={','.join(rows)}"
-            + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
-            + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
-            + f" --seeds={','.join(_SEEDS.value)}`\n\n"
-            + HEADER + "\n" + "\n".join(lines) + "\n")
-    (workdir / f"{table}.md").write_text(text)  # rewritten after every row: partial tables survive
-  print(text)
-  print(f"total wall time {experiment._fmt_duration(time.time() - start)}; table in {workdir / f'{table}.md'}")
+  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=_SEEDS.value, filename=f"{table}.md")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""experiments.tables: rows run once, resume, and the markdown table carries paper and measured values."""
+
+import json
+
+import pytest
+
+from experiments import tables
+from experiments.configs import split_mnist
+from sdm_jax import experiment
+
+
+def _configs():
+  fly = split_mnist.get_config("flymodel,tiny")
+  sdmlp = split_mnist.with_epochs_per_task(split_mnist.get_config("sdmlp,tiny"), 1)
+  sdmlp.model.neurons = 100
+  for config in (fly, sdmlp):
+    config.seeds = (0, 1)
+  return {"flymodel": fly, "sdmlp": sdmlp}
+
+
+def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
+  configs = _configs()
+  results = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
+  text = (tmp_path / "t.md").read_text()
+  lines = [l for l in text.splitlines() if l.startswith("| flymodel") or l.startswith("| sdmlp")]
+  assert len(lines) == 2
+  fly_cells = [c.strip() for c in lines[0].split("|")]
+  assert fly_cells[4] == "0.77"  # the paper's Table 7 value beside ours
+  finals = [s["final_accuracy"] for s in results["flymodel"]["per_seed"]]
+  assert f"{sum(finals) / 2:.3f}" in fly_cells[5]  # mean over the two seeds, bold
+  assert "1 pass" in lines[0] and "| 1 |" in lines[1]  # epochs per task column
+  assert fly_cells[12] == "–"  # the FlyModel has no dead-unit fraction
+  dead = [s["dead_fraction"] for s in results["sdmlp"]["per_seed"]]
+  assert 0.0 <= min(dead) and max(dead) <= 1.0
+
+  # A second call reruns nothing: every row finished with the same config.
+  def fail(*args, **kwargs):
+    raise AssertionError("a finished row was rerun")
+  monkeypatch.setattr(experiment, "train_and_evaluate", fail)
+  again = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
+  assert again["sdmlp"]["summary"] == results["sdmlp"]["summary"]
+
+  # A changed config is not "finished": that row runs again.
+  configs["sdmlp"].optimizer.learning_rate = 0.1
+  with pytest.raises(AssertionError, match="rerun"):
+    tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1))
+
+
+def test_run_rows_refuses_a_bad_row_before_running_any(tmp_path, monkeypatch):
+  configs = _configs()
+  configs["sdmlp"].model.k = 0
+  monkeypatch.setattr(experiment, "train_and_evaluate", lambda *a, **k: pytest.fail("ran before validating"))
+  with pytest.raises(ValueError, match="config.model.k"):
+    tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1))
+
+
+def test_finished_needs_status_finished(tmp_path):
+  config = _configs()["flymodel"]
+  (tmp_path / "config.json").write_text(config.to_json_best_effort(sort_keys=True))
+  (tmp_path / "results.json").write_text(json.dumps({"status": "failed"}))
+  assert tables._finished(tmp_path, config) is None
+  (tmp_path / "results.json").write_text(json.dumps({"status": "finished"}))
+  assert tables._finished(tmp_path, config) == {"status": "finished"}
