@@ -24,8 +24,12 @@ setuptools.setup(
     package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"]},
     install_requires=CORE,
     extras_require={
-        "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8"],
+        # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).
+        "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8",
+                 "tensorflow-datasets>=4.9", "importlib_resources", "pillow>=10"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
+        # The JPEG CIFAR-10 stand-in is decoded with Pillow.
+        "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],
         "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
         # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
         "torch": ["torch>=2.4"],

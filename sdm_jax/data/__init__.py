@@ -8,6 +8,10 @@ Synopsis::
     tasks = data.task_classes(data.class_order(None), classes_per_task=2)
     per_task = data.split_by_task(ds['train_images'], ds['train_labels'], tasks)
     x, y, sizes = data.pad_tasks(per_task)   # x uint8 [5, 12665, 28, 28]
+
+    data.load_dataset('cifar10_jpeg')   # LOSSY stand-in, ds['lossy'] is True
+    data.load_dataset('imagenet32', data_dir='gs://...')   # TFDS
+    data.load_dataset('embeddings', data_dir='emb.npz')    # float32 [N, 256]
 """
 
 from sdm_jax.data.idx import (
@@ -20,6 +24,14 @@ from sdm_jax.data.idx import (
     read_idx,
     resolve_dataset_dir,
 )
+from sdm_jax.data.cifar import (
+    CIFAR10_CLASSES,
+    TFDS_DATASETS,
+    load_cifar10_jpeg,
+    load_tfds,
+    prepare_tfds,
+)
+from sdm_jax.data.embeddings import load_embeddings, read_meta, save_embeddings
 from sdm_jax.data.splits import (
     REFERENCE_CLASS_ORDERS,
     class_order,
@@ -30,6 +42,14 @@ from sdm_jax.data.splits import (
 )
 
 __all__ = [
+    'CIFAR10_CLASSES',
+    'TFDS_DATASETS',
+    'load_cifar10_jpeg',
+    'load_tfds',
+    'prepare_tfds',
+    'load_embeddings',
+    'read_meta',
+    'save_embeddings',
     'CHECKSUMS',
     'UNCOMPRESSED_CHECKSUMS',
     'DataError',

@@ -369,26 +369,41 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
   return labels.astype(np.int32)
 
 
-def _stack_examples(source: Any, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """Reads every example of a TFDS random-access data source."""
+def _stack_examples(source: Any, split: str,
+                    chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+  """Reads every example of a TFDS random-access data source.
+
+  Reads in chunks into preallocated arrays, so ImageNet32's 1.28M examples
+  never exist as one list of dicts.
+  """
   n = len(source)
-  examples = None
-  getitems = getattr(source, '__getitems__', None)
-  if callable(getitems):
-    try:  # Batched reads are much faster on real ArrayRecord files.
-      examples = list(getitems(list(range(n))))
-    except (TypeError, NotImplementedError):
-      examples = None  # e.g. under tfds.testing.mock_data.
-  if examples is None:
-    examples = [source[i] for i in range(n)]
-  if not examples:
+  if n == 0:
     raise DataError(f'TFDS split {split!r} is empty')
-  images = np.stack([np.asarray(ex['image']) for ex in examples])
-  labels = np.asarray([int(ex['label']) for ex in examples])
+  getitems = getattr(source, '__getitems__', None)
+  images = labels = None
+  for start in range(0, n, chunk):
+    keys = list(range(start, min(start + chunk, n)))
+    examples = None
+    if callable(getitems):
+      try:  # Batched reads are much faster on real ArrayRecord files.
+        examples = list(getitems(keys))
+      except (TypeError, NotImplementedError):
+        examples = None  # e.g. under tfds.testing.mock_data.
+    if examples is None:
+      examples = [source[i] for i in keys]
+    first = np.asarray(examples[0]['image'])
+    if images is None:
+      images = np.empty((n,) + first.shape, first.dtype)
+      labels = np.empty((n,), np.int64)
+    for i, ex in zip(keys, examples):
+      images[i] = ex['image']
+      labels[i] = int(ex['label'])
   return images, labels
 
 
-def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None) -> dict[str, Any]:
+def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None, *,
+                      splits: tuple[str, str] = ('train', 'test'),
+                      download: bool = True) -> dict[str, Any]:
   """Loads a dataset through TensorFlow Datasets' `tfds.data_source`.
 
   `tensorflow_datasets` is optional and only imported here. Images with a
@@ -398,6 +413,10 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None) -> dict[st
   Args:
     name: a TFDS dataset name, e.g. 'mnist' or 'fashion_mnist'.
     data_dir: optional TFDS data folder, passed to `tfds.data_source`.
+    splits: the TFDS splits read as our 'train' and 'test' (ImageNet32 has
+      'validation' instead of 'test').
+    download: let TFDS download and prepare a dataset it does not find
+      (offline, this retries for minutes before failing).
 
   Returns:
     The same dict as `load_idx_dataset`, with 'source' set to
@@ -416,10 +435,10 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None) -> dict[st
         '`pip install -e .[tfds]`, or use the IDX files: '
         + _how_to_get(name)) from e
   out: dict[str, Any] = {}
-  for split in ('train', 'test'):
+  for ours, split in zip(('train', 'test'), splits):
     try:
       source = tfds.data_source(
-          name, split=split,
+          name, split=split, download=download,
           data_dir=None if data_dir is None else os.fspath(data_dir))
       images, labels = _stack_examples(source, split)
     except DataError:
@@ -431,8 +450,8 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None) -> dict[st
           f'{type(e).__name__}: {e}') from e
     if images.ndim == 4 and images.shape[-1] == 1:
       images = images[..., 0]
-    out[f'{split}_images'] = images
-    out[f'{split}_labels'] = _as_labels(labels)
+    out[f'{ours}_images'] = images
+    out[f'{ours}_labels'] = _as_labels(labels)
   out['source'] = f'tfds:{name}' + ('' if data_dir is None else f' ({data_dir})')
   return out
 
@@ -446,8 +465,15 @@ def _tfds_available() -> bool:
 
 
 def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
-                 verify: bool = True) -> dict[str, Any]:
+                 verify: bool = True, **kwargs) -> dict[str, Any]:
   """Loads a dataset from IDX files, or through TFDS when they are absent.
+
+  The CIFAR pipeline's names go to their own loaders, with `kwargs`:
+  'cifar10_jpeg' (`cifar.load_cifar10_jpeg`: the LOSSY JPEG stand-in,
+  kwargs `cache`, `max_per_class`), 'cifar10', 'cifar100' and 'imagenet32'
+  (`cifar.load_tfds`, kwarg `manual_dir`), and 'embeddings'
+  (`embeddings.load_embeddings`, data_dir = the `.npz` file). Their dicts
+  also hold `lossy` and `num_classes`.
 
   For 'mnist' and 'fashion_mnist', the IDX files are used when
   `resolve_dataset_dir` finds them. If no folder holds them and
@@ -468,6 +494,16 @@ def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
     DataError: the dataset could not be loaded; the message says why and
       how to get it.
   """
+  # Imported here: both modules import this one.
+  from sdm_jax.data import cifar, embeddings  # pylint: disable=g-import-not-at-top
+  if name == 'cifar10_jpeg':
+    return cifar.load_cifar10_jpeg(data_dir, verify=verify, **kwargs)
+  if name in cifar.TFDS_DATASETS:
+    return cifar.load_tfds(name, data_dir, **kwargs)
+  if name == 'embeddings':
+    return embeddings.load_embeddings(data_dir, **kwargs)
+  if kwargs:
+    raise TypeError(f'load_dataset({name!r}) takes no {sorted(kwargs)}')
   if name not in CHECKSUMS:
     return load_tfds_dataset(name, data_dir)
   try:
