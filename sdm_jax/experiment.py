@@ -30,10 +30,16 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, regularizers, sparse, train
+from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, pretrained, regularizers, sparse, train
 
-DATASETS = {"mnist": 784, "fashion_mnist": 784}
+# Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or ConvMixer embeddings (256-d,
+# `data_dir` = the embedding file; sdm_jax/data/embeddings.py).
+DATASETS = {"mnist": 784, "fashion_mnist": 784, "cifar10": 3072, "cifar10_jpeg": 3072, "cifar100": 3072,
+            "imagenet32": 3072, "embeddings": 256}
 MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
+# ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
+# seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
+CLASS_ORDERS = ("ordinal", "by_seed", "reference")
 TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
 
 
@@ -115,12 +121,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("seeds", "needs at least one seed")
   if len(set(config.seeds)) != len(config.seeds):
     _fail("seeds", f"seeds must be distinct, got {tuple(config.seeds)}")
-  if config.class_order not in ("ordinal", "by_seed"):
-    _fail("class_order", f"must be 'ordinal' or 'by_seed', got {config.class_order!r}")
+  if config.class_order not in CLASS_ORDERS:
+    _fail("class_order", f"must be one of {CLASS_ORDERS}, got {config.class_order!r}")
   if config.num_classes % config.classes_per_task:
     _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
   if config.num_classes != m.num_classes:
     _fail("model.num_classes", f"{m.num_classes} != num_classes {config.num_classes}")
+  if config.get("pretrain_variant") and not config.get("pretrained"):
+    _fail("pretrained", f"this row starts from the pretrain {config.pretrain_variant!r}: run `python -m "
+          f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
+          "--workdir=DIR` and pass --config.pretrained=DIR (or --config.pretrain_variant='' for no pretraining)")
+  if config.get("pretrained") and m.kind == "flymodel":
+    _fail("pretrained", "the FlyModel has no learned hidden layer to pretrain")
+  if config.get("pretrained_index", 0) < 0:
+    _fail("pretrained_index", f"must be >= 0, got {config.pretrained_index}")
 
 
 def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
@@ -173,10 +187,10 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   Arrays have a leading seed axis only when seeds have different class orders.
   """
   dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
-  orders = [data_lib.class_order(None if config.class_order == "ordinal" else s, config.num_classes)
-            for s in config.seeds]
+  ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
+  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
   per_order = []
-  for order in orders if config.class_order == "by_seed" else orders[:1]:
+  for order in orders if config.class_order != "ordinal" else orders[:1]:
     classes = data_lib.task_classes(order, config.classes_per_task)
     train_x, train_y, train_sizes = data_lib.pad_tasks(
         data_lib.split_by_task(dataset["train_images"], dataset["train_labels"], classes))
@@ -186,7 +200,7 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
     per_order.append(dict(train_x=flat(train_x), train_y=train_y.astype(np.int32), train_sizes=train_sizes,
                           test_x=flat(test_x), test_y=test_y.astype(np.int32), test_sizes=test_sizes,
                           task_classes=classes.astype(np.int32)))
-  seed_axis = config.class_order == "by_seed"
+  seed_axis = config.class_order != "ordinal"
   if seed_axis:
     # Pad every order to the same per-task length before stacking on the seed axis.
     stacked = {}
@@ -203,7 +217,12 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   tasks["seed_axis"] = seed_axis
   tasks["orders"] = [list(map(int, o)) for o in orders]
   tasks["source"] = dataset.get("source", "")
+  tasks["lossy"] = bool(dataset.get("lossy", False))
   return tasks
+
+
+def _lossy_note(tasks) -> str:
+  return "; LOSSY stand-in: not the real dataset" if tasks.get("lossy") else ""
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -220,6 +239,10 @@ def _log(message: str) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Runs the class-incremental protocol for every seed (vmapped) and writes the results."""
   validate_config(config)
+  pre = None
+  if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
+    pre = pretrained.load(config.pretrained, config.get("pretrained_index", 0))
+    pretrained.check_compatible(config, pre)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
@@ -235,6 +258,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   regularizer = regularizer_spec(config)
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
+  if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
+    states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
+    _log(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
   train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
                                        epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
                                        regularizer=regularizer)
@@ -305,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     (workdir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
-  _log(f"sdm_jax: {config.dataset} ({tasks['source']}), {num_tasks} tasks x {config.epochs_per_task} "
+  _log(f"sdm_jax: {config.dataset} ({tasks['source']}{_lossy_note(tasks)}), {num_tasks} tasks x {config.epochs_per_task} "
        f"epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
        f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
        f"backend {jax.default_backend()}")
@@ -389,7 +415,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     results = write_results()
   _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
        + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {num_seeds} seeds)" if num_seeds > 1 else "")
-       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}")
+       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+       + _lossy_note(tasks))
   return results
 
 
@@ -433,9 +460,12 @@ def save_final_state(path: pathlib.Path, states: train.TrainState, seeds) -> Non
   """The trained parameters and GABA counters of every seed, for analysis (experiments.analyze).
 
   Keys: "seeds" [S]; "params/hidden/kernel" [S, n, r], "params/output/kernel" [S, r, C]
-  (and biases when the model has them); "gaba_counts" [S, r]. Plain numpy, so any tool reads it.
+  (and biases when the model has them); "gaba_counts" [S, r]; "epoch" [S] (epochs trained: a
+  continual run started from this state keeps it, as the reference keeps `curr_ep`). Plain numpy,
+  so any tool reads it.
   """
-  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
+  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts),
+            "epoch": np.asarray(states.epoch)}
   for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
     arrays["params/" + "/".join(str(k.key) for k in keypath)] = np.asarray(leaf)
   np.savez(path, **arrays)
@@ -484,6 +514,8 @@ def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status,
                  num_seeds=len(seeds))
   return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
               epochs_per_task=config.epochs_per_task, tasks_finished=finished_tasks,
+              dataset=dict(name=config.dataset, source=tasks["source"], lossy=tasks.get("lossy", False)),
+              pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
               model=dict(kind=config.model.kind, neurons=config.model.neurons,
                          k=spec.k if spec else None, k_schedule=spec.k_schedule if spec else None,
                          n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,

@@ -136,14 +136,20 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
-  """`VARIANT[,SIZE]`: a row of Table 7 (see ROWS) and full | quick | tiny."""
+def parse_variant(arg: str, rows, sizes) -> tuple[str, str]:
+  """`VARIANT[,SIZE]` -> (variant, size); size defaults to "full". Unknown names raise ValueError."""
   variant, _, size = arg.partition(",")
   size = size or "full"
-  if variant not in ROWS:
-    raise ValueError(f"unknown variant {variant!r}; choose one of {VARIANTS}")
-  if size not in SIZES:
-    raise ValueError(f"unknown size option {size!r}; choose one of {tuple(SIZES)}")
+  if variant not in rows:
+    raise ValueError(f"unknown variant {variant!r}; choose one of {tuple(rows)}")
+  if size not in sizes:
+    raise ValueError(f"unknown size option {size!r}; choose one of {tuple(sizes)}")
+  return variant, size
+
+
+def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
+  """`VARIANT[,SIZE]`: a row of Table 7 (see ROWS) and full | quick | tiny."""
+  variant, size = parse_variant(arg, ROWS, SIZES)
   row = ROWS[variant]
   config = base_config()
   m = config.model

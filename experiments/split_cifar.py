@@ -1,0 +1,32 @@
+r"""Split CIFAR-10 / CIFAR-100, class-incremental, optionally from an ImageNet32 pretrain.
+
+    python -m experiments.split_cifar --config=experiments/configs/split_cifar.py:sdmlp_ewc \
+        --config.data_dir=cifar10_embeddings.npz --config.pretrained=/tmp/pretrain/sdmlp --workdir=/tmp/sdmlp_ewc
+    python -m experiments.split_cifar --config=experiments/configs/split_cifar.py:nopretrain_pixels_sdmlp,quick \
+        --config.dataset=cifar10_jpeg --workdir=/tmp/standin
+
+Loads the pretrained model named by `config.pretrained` (a workdir of
+`experiments.pretrain`), resets the output layer X_v, keeps X_a, the GABA
+counters and the epoch (sdm_jax/pretrained.py), and runs the tasks with
+`sdm_jax.experiment.train_and_evaluate`. See experiments/configs/split_cifar.py
+for the rows of Tables 1 and 3-6 and experiments/CIFAR.md for results.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from sdm_jax import experiment
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/split_cifar.py:sdmlp",
+                                          "Config file and variant, e.g. file.py:sdmlp_ewc,quick.")
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/split_cifar", "Where results are written.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  experiment.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

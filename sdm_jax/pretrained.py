@@ -1,0 +1,150 @@
+"""Start a continual run from a pretrained model: keep the hidden layer, reset X_v (the output layer).
+
+The paper's three-step regime (Fig. 2 left; reference-code §4 "Head reset
+after pretraining"): the SDMLP pretrained on ImageNet32 keeps its neuron
+addresses X_a (the hidden kernel), its GABA counters and its epoch count
+(`curr_ep`, which keeps linearly decayed k at k_min), while X_v, the output
+layer that learns the class labels, is replaced by a fresh default-initialised
+layer (PyTorch uniform +-1/sqrt(r), no bias for the SDMLP), clamped >= 0 for
+positive-weight models. The optimiser state is fresh (reference §3).
+
+Synopsis::
+
+    pre = pretrained.load("/tmp/pretrain_sdmlp")            # a pretrain workdir or its final_state.npz
+    pretrained.check_compatible(config, pre)                 # ValueError naming config.model.<field>
+    states = train.init_states(seeds, spec=spec, tx=tx)      # fresh output layers, one per seed
+    states = pretrained.start_from(states, pre, tx=tx)
+
+Pure functions: `start_from` maps a stacked `TrainState` to another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sdm_jax import regularizers, train
+
+FINAL_STATE = "final_state.npz"
+# Model fields that define the pretrained hidden layer and its behaviour: the reference inherits them
+# from the checkpoint (reference §1, "custom > dataset > checkpoint > defaults"), so a continual run
+# must use the same values. The output head (num_classes, output_bias), dropout and the threshold's
+# numerics may differ.
+MATCH_FIELDS = ("kind", "input_size", "neurons", "hidden_bias", "k", "k_schedule", "inhibition",
+                "gaba_switch_activations", "k_max", "k_transition_epochs", "positive_weights", "l2_norm")
+_IGNORED_BY_KIND = {"relu": ("k", "k_schedule", "inhibition", "gaba_switch_activations", "k_max",
+                             "k_transition_epochs"),
+                    "topk": ("gaba_switch_activations",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """One pretrained model, as numpy arrays (no leading seed axis).
+
+  Attributes:
+    hidden: the hidden layer {"kernel": [n, r], ["bias": [r]]} (X_a).
+    gaba_counts: per-neuron GABA counters [r].
+    epoch: epochs trained so far (the reference's `curr_ep`).
+    model: the pretrain config's `model` fields (None if its config.json is missing).
+    path: the file read.
+  """
+
+  hidden: dict
+  gaba_counts: np.ndarray
+  epoch: int
+  model: dict | None
+  path: pathlib.Path
+
+
+def resolve(path: str | pathlib.Path) -> pathlib.Path:
+  """The final_state.npz of a pretrain workdir (or the file itself)."""
+  path = pathlib.Path(path).expanduser()
+  return path / FINAL_STATE if path.is_dir() else path
+
+
+def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
+  """Reads seed number `index` of a pretrain's final_state.npz (written by `experiment.save_final_state`).
+
+  Raises:
+    ValueError: the file is missing, is not a final state, or has no seed `index`.
+  """
+  file = resolve(path)
+  if not file.is_file():
+    raise ValueError(f"config.pretrained: no {FINAL_STATE} at {file} (run experiments.pretrain first; "
+                     "its --workdir is what config.pretrained names)")
+  with np.load(file) as f:
+    names = set(f.files)
+    if not {"seeds", "gaba_counts", "params/hidden/kernel"} <= names:
+      raise ValueError(f"config.pretrained: {file} is not a final state written by a pretrain "
+                       f"(it holds {sorted(names)})")
+    num_seeds = len(f["seeds"])
+    if not 0 <= index < num_seeds:
+      raise ValueError(f"config.pretrained_index: {index} out of range; {file} holds {num_seeds} seed(s)")
+    hidden = {name.split("/")[-1]: f[name][index] for name in names if name.startswith("params/hidden/")}
+    epoch = int(f["epoch"][index]) if "epoch" in names else 0
+    counts = f["gaba_counts"][index]
+  config_file = file.parent / "config.json"
+  model = json.loads(config_file.read_text())["model"] if config_file.is_file() else None
+  return Pretrained(hidden=hidden, gaba_counts=counts, epoch=epoch, model=model, path=file)
+
+
+def check_compatible(config, pre: Pretrained) -> None:
+  """Raises ValueError naming the config field (and the file) that does not match the pretrained model.
+
+  Shapes are checked against the arrays; the other `MATCH_FIELDS` against
+  the pretrain's config.json beside the file (when present).
+  """
+  m = config.model
+  kernel = pre.hidden["kernel"]
+  where = f"the pretrained checkpoint {pre.path}"
+  if kernel.shape[0] != m.input_size:
+    raise ValueError(f"config.model.input_size: {m.input_size}, but {where} has a hidden kernel of shape "
+                     f"{list(kernel.shape)} ({kernel.shape[0]} inputs)")
+  if kernel.shape[1] != m.neurons:
+    raise ValueError(f"config.model.neurons: {m.neurons}, but {where} has a hidden kernel of shape "
+                     f"{list(kernel.shape)} ({kernel.shape[1]} neurons)")
+  if ("bias" in pre.hidden) != bool(m.hidden_bias):
+    raise ValueError(f"config.model.hidden_bias: {m.hidden_bias}, but {where} "
+                     f"{'has' if 'bias' in pre.hidden else 'has no'} hidden bias")
+  if pre.model is None:
+    return
+  ignored = _IGNORED_BY_KIND.get(m.kind, ())
+  for field in MATCH_FIELDS:
+    if field in ignored or field not in pre.model:
+      continue
+    if pre.model[field] != m[field]:
+      raise ValueError(f"config.model.{field}: {m[field]!r}, but {where} was pretrained with "
+                       f"{pre.model[field]!r} ({pre.path.parent / 'config.json'}); the reference inherits it "
+                       f"from the checkpoint: set --config.model.{field}={pre.model[field]!r}")
+
+
+def start_from(states: train.TrainState, pre: Pretrained, *, tx: optax.GradientTransformation,
+               regularizer: regularizers.RegularizerSpec | None = None,
+               num_tasks: int = 1) -> train.TrainState:
+  """Freshly initialised states (leading seed axis) -> the same with the pretrained hidden layer.
+
+  Kept from the pretrain, bit for bit: the hidden layer, the GABA counters,
+  the epoch. From `states`: the output layer (X_v), which `train.init_state`
+  made exactly as the reference's reset does (default init, then the
+  projection), the PRNG key. Rebuilt: the optimiser state and the
+  regulariser state (SI's starting point is the new parameters).
+  """
+  hidden = {name: jnp.asarray(value) for name, value in pre.hidden.items()}
+  counts = jnp.asarray(pre.gaba_counts, jnp.float32)
+
+  def one(state):
+    params = {**state.params, "hidden": hidden}
+    reg = None
+    if regularizer is not None:
+      slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
+      reg = regularizers.init(params, num_slots=slots)
+    return state.replace(params=params, opt_state=tx.init(params), gaba_counts=counts,
+                         epoch=jnp.asarray(pre.epoch, state.epoch.dtype), reg=reg)
+
+  return jax.jit(jax.vmap(one))(states)

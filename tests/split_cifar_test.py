@@ -1,0 +1,144 @@
+"""experiments.configs.pretrain / split_cifar and the pretrain -> split_cifar chain on synthetic data."""
+
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import pretrain, split_cifar
+from sdm_jax import data as data_lib
+from sdm_jax import experiment
+
+
+def _fake_dataset(num_classes, dim=256, per_class=12, test_per_class=4, seed=0, lossy=True):
+  """Separable float32 features, one Gaussian blob per class (stands in for embeddings)."""
+  rng = np.random.default_rng(seed)
+  means = rng.normal(size=(num_classes, dim)).astype(np.float32)
+
+  def split(n):
+    y = np.repeat(np.arange(num_classes), n).astype(np.int32)
+    return (means[y] + 0.3 * rng.normal(size=(len(y), dim))).astype(np.float32), y
+
+  (tx, ty), (vx, vy) = split(per_class), split(test_per_class)
+  return dict(train_images=tx, train_labels=ty, test_images=vx, test_labels=vy, lossy=lossy,
+              source="synthetic embeddings" + (" (LOSSY JPEG stand-in)" if lossy else ""))
+
+
+@pytest.fixture
+def fake_data(monkeypatch):
+  """load_dataset(name, data_dir): data_dir "imagenet:C" gives C classes, anything else CIFAR-10's 10."""
+  def load(name, data_dir=None, **kwargs):
+    classes = int(data_dir.split(":")[1]) if data_dir and data_dir.startswith("imagenet:") else 10
+    classes = 100 if data_dir == "cifar100" else classes
+    return _fake_dataset(classes)
+  monkeypatch.setattr(data_lib, "load_dataset", load)
+
+
+@pytest.mark.parametrize("size", split_cifar.SIZES)
+def test_every_row_and_pretrain_validates(size):
+  for variant in pretrain.VARIANTS:
+    experiment.validate_config(pretrain.get_config(f"{variant},{size}"))
+  for variant in split_cifar.VARIANTS:
+    config = split_cifar.get_config(f"{variant},{size}")
+    if config.pretrain_variant:
+      assert config.pretrain_variant in pretrain.ROWS
+      config.pretrained = "/some/pretrain"
+    experiment.validate_config(config)
+
+
+def test_reference_settings():
+  p = pretrain.get_config("sdmlp")
+  assert (p.epochs_per_task, p.model.gaba_switch_activations, p.optimizer.name, p.optimizer.learning_rate) == (
+      300, 5e5, "sgdm", 0.03)
+  assert p.classes_per_task == p.num_classes == 1000 and p.model.input_size == 256
+  px = pretrain.get_config("pixels_sdmlp_10k")
+  assert (px.epochs_per_task, px.model.gaba_switch_activations, px.model.input_size, px.dataset) == (
+      100, 1e7, 3072, "imagenet32")
+  assert pretrain.get_config("topk").model.k_transition_epochs == 50
+  c = split_cifar.get_config("sdmlp")
+  assert (c.epochs_per_task, c.optimizer.name, c.optimizer.learning_rate, c.batch_size) == (2000, "sgd", 0.05, 128)
+  assert c.model.gaba_switch_activations == 5e5 and c.pretrain_variant == "sdmlp"  # T inherited from the pretrain
+  assert c.seeds == (0, 3, 15, 27, 97) and c.class_order == "reference"
+  e = split_cifar.get_config("sdmlp_ewc_10k")
+  assert (e.optimizer.name, e.optimizer.learning_rate, e.regularizer.method, e.regularizer.strength,
+          e.regularizer.beta, e.model.neurons, e.model.k) == ("sgdm", 0.03, "ewc", 100.0, 0.08, 10_000, 10)
+  assert split_cifar.get_config("nopretrain_sdmlp_ewc").optimizer.name == "sgd"  # no pretraining: SGD for all
+  assert split_cifar.get_config("nopretrain_sdmlp_k1").model.gaba_switch_activations == 5e6
+  assert split_cifar.get_config("nopretrain_sdmlp_k1,quick").model.gaba_switch_activations == 5e5
+  h = split_cifar.get_config("cifar100_sdmlp")
+  assert (h.num_classes, h.classes_per_task, h.epochs_per_task, len(h.seeds)) == (100, 2, 500, 3)
+  assert split_cifar.get_config("pixels_sdmlp_ewc").model.input_size == 3072
+  assert split_cifar.get_config("oracle").classes_per_task == 10
+  assert split_cifar.get_config("dropout").model.dropout == 0.03
+  # Pretrained rows keep the pretrain's T when the schedule is shortened; others scale it.
+  assert split_cifar.with_epochs_per_task(c, 20).model.gaba_switch_activations == 5e5
+  n = split_cifar.with_epochs_per_task(split_cifar.get_config("nopretrain_pixels_sdmlp"), 20)
+  assert n.model.gaba_switch_activations == 5e4 and n.epochs_per_task == 20
+
+
+def test_every_table_row_has_the_papers_value():
+  rows = [r for rows in split_cifar.TABLE_ROWS.values() for r in rows]
+  assert len(rows) == len(set(rows)) == 21 + 7 + 9 + 13
+  for row in rows:
+    assert split_cifar.get_config(row).paper_final_accuracy == split_cifar.PAPER_FINAL_ACCURACY[row]
+
+
+def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
+  with pytest.raises(ValueError, match=r"config\.pretrained: this row starts from the pretrain 'sdmlp'"):
+    experiment.train_and_evaluate(split_cifar.get_config("sdmlp,tiny"), tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
+def test_chain_pretrain_then_split_cifar(tmp_path, fake_data, capfd):
+  """pretrain (all classes, one task) -> split_cifar (X_v reset, X_a and counters kept) end to end."""
+  pre = pretrain.get_config("sdmlp,tiny")
+  pre.data_dir = "imagenet:20"
+  pre.num_classes = pre.classes_per_task = pre.model.num_classes = 20
+  pre.model.neurons = 64
+  experiment.train_and_evaluate(pre, tmp_path / "pre")
+  _, pre_params, pre_counts = experiment.load_final_state(tmp_path / "pre" / "final_state.npz")
+  assert pre_params["output"]["kernel"].shape == (1, 64, 20) and pre_counts.sum() > 0
+
+  config = split_cifar.get_config("sdmlp,tiny")
+  config.model.neurons = 64
+  config.seeds = (0, 3)
+  config.pretrained = str(tmp_path / "pre")
+  results = experiment.train_and_evaluate(config, tmp_path / "cl")
+  err = capfd.readouterr().err
+  assert "output layer reset" in err and "LOSSY stand-in" in err
+  assert results["status"] == "finished" and results["tasks_finished"] == 5
+  assert results["dataset"]["lossy"] and results["pretrained"].endswith("pre/final_state.npz")
+  assert [s["class_order"] for s in results["per_seed"]] == [list(range(10)), [5, 4, 1, 2, 9, 6, 7, 0, 3, 8]]
+  seeds, params, counts = experiment.load_final_state(tmp_path / "cl" / "final_state.npz")
+  assert params["output"]["kernel"].shape == (2, 64, 10)
+  assert np.all(counts >= pre_counts)  # the GABA counters carried on from the pretrain's
+  with np.load(tmp_path / "cl" / "final_state.npz") as f:
+    assert f["epoch"].tolist() == [2 + 10, 2 + 10]  # the pretrain's 2 epochs + 5 tasks x 2
+  assert json.loads((tmp_path / "cl" / "results.json").read_text())["dataset"]["lossy"]
+
+
+def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data):
+  """50 tasks of 2 classes: the padded tasks share one shape, so the training block compiles once."""
+  config = split_cifar.get_config("nopretrain_sdmlp_k1,tiny")
+  config.data_dir = "cifar100"
+  config.num_classes = config.model.num_classes = 100
+  config.model.neurons, config.epochs_per_task, config.eval_every = 32, 1, 1
+  config.seeds, config.checkpoint_every_epochs, config.train_step = (3,), 1000, "dense"
+  compiled = []
+
+  class Count(logging.Handler):
+    def emit(self, record):
+      if record.getMessage().startswith("Compiling jit(mapped)"):  # the seed-lifted blocks (train.over_seeds)
+        compiled.append(record.getMessage())
+
+  handler = Count()
+  logging.getLogger("jax").addHandler(handler)
+  try:
+    with jax.log_compiles():
+      results = experiment.train_and_evaluate(config, tmp_path)
+  finally:
+    logging.getLogger("jax").removeHandler(handler)
+  assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
+  assert len(compiled) == 2, compiled  # the training block and the evaluation, once each
