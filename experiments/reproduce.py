@@ -4,6 +4,8 @@ r"""Reruns the rows of a paper table and writes it with the paper's number besid
     python -m experiments.reproduce --table=split_mnist --rows=sdmlp,relu,flymodel_10k \
         --epochs_per_task=50 --seeds=0,1,2 --workdir=/tmp/table7_quick
     python -m experiments.reproduce --table=split_fashion_mnist --data_dir=/path/to/fashion_mnist ...
+    python -m experiments.reproduce --table=split_cifar10 --pretrained_dir=/tmp/pretrain \
+        --data_dir=cifar10_embeddings.npz --seeds=0,3,15,27,97 --epochs_per_task=200
 
 Each row is a variant of the table's config (`experiments/configs/<table>.py`),
 run by `sdm_jax.experiment.train_and_evaluate` with its seeds as one compiled
@@ -20,6 +22,13 @@ matrices the average accuracy, forgetting (max over earlier task-end
 evaluations − final, averaged over all but the last task) and backward
 transfer, class-incremental and task-incremental (logits masked to the task's
 classes) side by side, with epochs and wall time.
+
+The CIFAR tables (`split_cifar10` = Tables 1 and 5, `split_cifar10_pixels` =
+Table 3, `split_cifar10_no_pretrain` = Table 4, `split_cifar100` = Table 6)
+are groups of rows of experiments/configs/split_cifar.py (`TABLE_ROWS`). A
+pretrained row loads `--pretrained_dir/<its pretrain variant>/`, the workdir of
+`python -m experiments.pretrain --config=experiments/configs/pretrain.py:<variant>`.
+`--dataset=cifar10_jpeg` runs pixel rows on the LOSSY JPEG stand-in.
 """
 
 from __future__ import annotations
@@ -30,8 +39,12 @@ import pathlib
 from absl import app, flags
 
 from experiments import tables
+from experiments.configs import split_cifar
+from sdm_jax import pretrained
 
-TABLES = {"split_mnist": "Table 7 (Split MNIST)", "split_fashion_mnist": "Table 8 (Split FashionMNIST)"}
+TABLES = {"split_mnist": "Table 7 (Split MNIST)", "split_fashion_mnist": "Table 8 (Split FashionMNIST)",
+          **split_cifar.TABLE_TITLES}
+CONFIG_MODULES = {table: "split_cifar" for table in split_cifar.TABLE_ROWS}  # else experiments/configs/<table>.py
 
 _TABLE = flags.DEFINE_enum("table", "split_mnist", list(TABLES), "Which paper table to reproduce.")
 _ROWS = flags.DEFINE_list("rows", [], "Rows (config variants) to run; default: every row of the table.")
@@ -39,6 +52,9 @@ _EPOCHS = flags.DEFINE_integer("epochs_per_task", 0, "Shorter schedule (0 = the 
 _ORACLE_EPOCHS = flags.DEFINE_integer("oracle_epochs", 0, "Epochs of the Oracle rows (0 = the config's).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (run as one program per row).")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "Dataset folder (Fashion-MNIST); see the README.")
+_PRETRAINED_DIR = flags.DEFINE_string("pretrained_dir", "", "CIFAR tables: folder holding one "
+                                      "experiments.pretrain workdir per pretrain variant.")
+_DATASET = flags.DEFINE_string("dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
 
@@ -46,8 +62,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   table = _TABLE.value
-  module = importlib.import_module(f"experiments.configs.{table}")
-  rows = _ROWS.value or list(module.ROWS)
+  module = importlib.import_module(f"experiments.configs.{CONFIG_MODULES.get(table, table)}")
+  rows = _ROWS.value or list(getattr(module, "TABLE_ROWS", {}).get(table, module.ROWS))
   unknown = [r for r in rows if r not in module.ROWS]
   if unknown:
     raise app.UsageError(f"--rows: unknown {unknown}; {table} has {list(module.ROWS)}")
@@ -55,9 +71,18 @@ def main(argv):
                                     oracle_epochs=_ORACLE_EPOCHS.value, seeds=_SEEDS.value,
                                     data_dir=_DATA_DIR.value)
              for row in rows}
+  for config in configs.values():
+    if _DATASET.value and config.model.kind != "flymodel":
+      config.dataset = _DATASET.value
+    if config.get("pretrain_variant") and _PRETRAINED_DIR.value:
+      config.pretrained = str(pathlib.Path(_PRETRAINED_DIR.value) / config.pretrain_variant)
+    if config.get("pretrained"):  # refuse a missing pretrain before spending an hour on the other rows
+      pretrained.load(config.pretrained)
   command = (f"python -m experiments.reproduce --table={table} --rows={','.join(rows)}"
              + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
              + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
+             + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
+             + (f" --dataset={_DATASET.value}" if _DATASET.value else "")
              + f" --seeds={','.join(_SEEDS.value)}")
   workdir = pathlib.Path(_WORKDIR.value)
   tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=_SEEDS.value, filename=f"{table}.md")

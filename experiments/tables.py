@@ -66,6 +66,8 @@ def table_row(row: str, config, results: dict) -> str:
     epochs += " (all classes)"
   measured = _mean_sem(finals)
   gap = f"{np.mean(finals) - config.paper_final_accuracy:+.3f}" if config.paper_final_accuracy >= 0 else "–"
+  if results.get("dataset", {}).get("lossy"):
+    row += " (LOSSY stand-in)"
   return (f"| {row} | {m.neurons:,} | {k} | {paper} | **{measured}** | {gap} | "
           f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
           f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "

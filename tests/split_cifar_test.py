@@ -142,3 +142,10 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data):
     logging.getLogger("jax").removeHandler(handler)
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
   assert len(compiled) == 2, compiled  # the training block and the evaluation, once each
+
+
+def test_reproduce_knows_the_cifar_tables():
+  from experiments import reproduce
+  for table, rows in split_cifar.TABLE_ROWS.items():
+    assert table in reproduce.TABLES and reproduce.CONFIG_MODULES[table] == "split_cifar"
+    assert set(rows) <= set(split_cifar.ROWS)
