@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sdm_jax import mesh as mesh_lib
 from sdm_jax import models, regularizers, sparse
 
 
@@ -98,17 +99,25 @@ def to_float_input(x_uint8: jax.Array) -> jax.Array:
 
 
 def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.ModelSpec, dropout_key,
-                   regularizer: regularizers.RegularizerSpec | None = None):
+                   regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
   """Mean cross-entropy over the valid examples of a batch (plus the regulariser's penalty,
-  as in the reference's loss), and what the step must count."""
+  as in the reference's loss), and what the step must count.
+
+  With `data_axis` (inside `shard_map`) `x` is this device's slice of the
+  batch: the loss is its share of the global batch's mean (its sum over the
+  global number of valid examples, plus the penalty over the number of
+  slices), so that the `psum` of the slices' gradients is the global batch's.
+  """
   k = models.current_k(spec, state.epoch)
   logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts,
                                   dropout_key=dropout_key)
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  n_valid = jnp.maximum(valid.sum(), 1)
+  n_valid = valid.sum() if data_axis is None else jax.lax.psum(valid.sum(), data_axis)
+  n_valid = jnp.maximum(n_valid, 1)
   loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
   if regularizer is not None:
-    loss = loss + regularizers.penalty(params, state.reg, regularizer.strength)
+    penalty = regularizers.penalty(params, state.reg, regularizer.strength)
+    loss = loss + (penalty if data_axis is None else penalty / jax.lax.axis_size(data_axis))
   return loss, (logits, hidden)
 
 
@@ -120,16 +129,26 @@ def eval_logits_fn(state: TrainState, *, spec: models.ModelSpec):
 
 
 def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
-               tx: optax.GradientTransformation, regularizer: regularizers.RegularizerSpec | None = None):
+               tx: optax.GradientTransformation, regularizer: regularizers.RegularizerSpec | None = None,
+               data_axis: str | None = None):
   """One optimiser step on one (possibly partly padded) batch.
 
   Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
+  With `data_axis` (a `shard_map` axis; see `sdm_jax.mesh`) the batch is this
+  device's slice: gradients, loss, counts and GABA counters are summed over the
+  axis, so every slice takes the same step as one device with the whole batch
+  (dropout masks differ: each slice draws its own).
   """
   x = to_float_input(x_uint8)
   dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
+  if dropout_key is not None and data_axis is not None:
+    dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(data_axis))
   grad_fn = jax.value_and_grad(loss_and_stats, has_aux=True)
   (loss, (logits, hidden)), grads = grad_fn(state.params, state, x, y, valid, spec=spec,
-                                            dropout_key=dropout_key, regularizer=regularizer)
+                                            dropout_key=dropout_key, regularizer=regularizer,
+                                            data_axis=data_axis)
+  if data_axis is not None:
+    grads, loss = jax.lax.psum((grads, loss), data_axis)
   si = regularizer is not None and regularizer.method == "si"
   if si:  # SI's path-integral gradient, every step of every task (reference §5)
     si_grad = regularizers.si_gradient(state.params, x, y, valid, logits_fn=eval_logits_fn(state, spec=spec),
@@ -141,23 +160,31 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
     state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
   validf = valid.astype(jnp.float32)[:, None]
   fired = (hidden > 0).astype(jnp.float32) * validf
-  counts = state.gaba_counts + fired.sum(0) if spec.k_schedule == "gaba" else state.gaba_counts
+  counted = (valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), jnp.sum(hidden * validf, axis=0),
+             fired.sum(0))
+  if data_axis is not None:
+    counted = jax.lax.psum(counted, data_axis)
+  n_valid, correct, activity, fired_per_neuron = counted
+  counts = state.gaba_counts + fired_per_neuron if spec.k_schedule == "gaba" else state.gaba_counts
   new_state = state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1)
-  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid),
-           jnp.sum(hidden * validf, axis=0), fired.sum(), jnp.zeros((), jnp.int32))
+  stats = (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
   return new_state, stats
 
 
 def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.ModelSpec,
                 tx: optax.GradientTransformation, batch_size: int, sparse_sgd: sparse.SparseSGD | None = None,
-                regularizer: regularizers.RegularizerSpec | None = None):
+                regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
   The number of scanned batches is ceil(rows / batch_size) for the padded
   shape; batches past the task's true size are skipped with `lax.cond`
   (under `vmap` both branches run, and the skip is a select). With
   `sparse_sgd`, steps are `sparse.train_step` and `state.params` must hold the
-  neuron-major hidden kernel (`train_epochs` arranges that).
+  neuron-major hidden kernel (`train_epochs` arranges that). With
+  `data_axis`, every device of the axis draws the same order and takes its
+  contiguous slice of each batch (`batch_size` must be a multiple of the
+  axis size); whether a batch is skipped depends on the whole batch, so all
+  slices run the same collectives.
   """
   n = x_task.shape[0]
   num_batches = -(-n // batch_size)
@@ -172,18 +199,23 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
   def body(carry, batch):
     state, totals = carry
     idx, pos = batch
+    run = pos[0] < task_size  # the batch holds valid rows (they come first)
+    if data_axis is not None:
+      shards = jax.lax.axis_size(data_axis)
+      idx, pos = (a.reshape(shards, batch_size // shards)[jax.lax.axis_index(data_axis)] for a in (idx, pos))
     valid = pos < task_size
 
     def step(state):
       if sparse_sgd is not None:
         return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec,
                                  sgd=sparse_sgd)
-      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer)
+      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer,
+                        data_axis=data_axis)
 
     def skip(state):
       return state, zeros
 
-    state, stats = jax.lax.cond(valid[0], step, skip, state)
+    state, stats = jax.lax.cond(run, step, skip, state)
     totals = jax.tree.map(jnp.add, totals, stats)
     return (state, totals), None
 
@@ -201,7 +233,7 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
 
 def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec, tx, batch_size: int,
                  epochs: int, sparse_sgd: sparse.SparseSGD | None = None,
-                 regularizer: regularizers.RegularizerSpec | None = None):
+                 regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
   With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.sparse`;
@@ -212,7 +244,7 @@ def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec
 
   def body(state, _):
     return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size,
-                       sparse_sgd=sparse_sgd, regularizer=regularizer)
+                       sparse_sgd=sparse_sgd, regularizer=regularizer, data_axis=data_axis)
 
   if sparse_sgd is None:
     return jax.lax.scan(body, state, None, length=epochs)
@@ -267,7 +299,7 @@ def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_ar
 def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
                      epochs: int, seed_axis_data: bool, seed_loop: str = "auto",
                      sparse_sgd: sparse.SparseSGD | None = None,
-                     regularizer: regularizers.RegularizerSpec | None = None):
+                     regularizer: regularizers.RegularizerSpec | None = None, mesh=None):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
   Args:
@@ -278,13 +310,26 @@ def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation
       -> projection chain, computed only for the active units). Needs
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
       where `metrics.sparse_fraction` is 1: run it through `run_block`.
+    mesh: a `sdm_jax.mesh` Mesh: the seeds (padded to a multiple of its
+      `seed` axis) are split over `seed`, each batch over `data`; None: one device.
   """
   if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularized=regularizer is not None):
     raise ValueError("the sparse step is not exact here: "
                      + sparse.ineligibility(spec, optimizer="sgd", regularized=regularizer is not None))
+  data_axis = mesh_lib.data_axis(mesh)
+  if data_axis is not None:
+    if sparse_sgd is not None:
+      raise ValueError("the sparse step is not data-parallel: use the dense step with a `data` mesh axis")
+    if regularizer is not None and regularizer.method == "si":
+      raise ValueError("SI's path integral is not data-parallel: use a mesh without a `data` axis")
+    if batch_size % mesh.shape[mesh_lib.DATA]:
+      raise ValueError(f"batch size {batch_size} is not a multiple of the mesh's data axis "
+                       f"({mesh.shape[mesh_lib.DATA]})")
   fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs,
-                         sparse_sgd=sparse_sgd, regularizer=regularizer)
-  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), donate_argnums=0)
+                         sparse_sgd=sparse_sgd, regularizer=regularizer, data_axis=data_axis)
+  fn = mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh,
+                            seed_axis_data=seed_axis_data)
+  return jax.jit(fn, donate_argnums=0)
 
 
 def run_block(states: TrainState, *data, dense_block, sparse_block=None):
@@ -320,10 +365,12 @@ def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: mo
 
 
 def make_end_task(*, spec: models.ModelSpec, regularizer: regularizers.RegularizerSpec, seed_axis_data: bool,
-                  seed_loop: str = "auto"):
-  """jit of `end_task` over the leading seed axis."""
+                  seed_loop: str = "auto", mesh=None):
+  """jit of `end_task` over the leading seed axis (over the mesh's `seed` axis with `mesh`;
+  the devices of a `data` axis compute the same importances)."""
   fn = functools.partial(end_task, spec=spec, regularizer=regularizer)
-  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop))
+  return jax.jit(mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh,
+                                      seed_axis_data=seed_axis_data))
 
 
 class EvalCounts(NamedTuple):
@@ -355,6 +402,9 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
   return EvalCounts(correct, correct_masked, count)
 
 
-def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto"):
+def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto", mesh=None):
+  """jit of `evaluate_tasks` over the leading seed axis (over the mesh's `seed` axis with `mesh`)."""
   fn = functools.partial(evaluate_tasks, spec=spec)
-  return jax.jit(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=4))
+  return jax.jit(mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop,
+                                                 num_data_args=4), mesh, seed_axis_data=seed_axis_data,
+                                      num_data_args=4))

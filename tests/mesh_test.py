@@ -1,0 +1,187 @@
+"""Tests of sdm_jax.mesh: seeds sharded over devices, batches split over a data axis, padding.
+
+The multi-device checks run in a subprocess with 8 forced host devices (the
+pytest process has already initialised JAX with one): `python tests/mesh_test.py
+WORKER` prints one JSON line that the tests read.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int = 300) -> dict:
+  """Runs `script args` with `devices` forced CPU devices; returns its last stdout line as JSON."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         "PYTHONPATH": str(ROOT)}
+  done = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ in this process (one device)
+
+
+def test_mesh_shape_and_errors_name_the_field():
+  from sdm_jax import mesh as mesh_lib
+  assert mesh_lib.mesh_shape(-1, 2, num_devices=8) == (4, 2)
+  assert mesh_lib.mesh_shape(3, 1, num_devices=8) == (3, 1)
+  with pytest.raises(ValueError, match=r"config\.mesh\.data: 3 does not divide"):
+    mesh_lib.mesh_shape(-1, 3, num_devices=8)
+  with pytest.raises(ValueError, match=r"config\.mesh\.seed: seed x data = 8 x 2 needs 16"):
+    mesh_lib.mesh_shape(8, 2, num_devices=8)
+  with pytest.raises(ValueError, match=r"config\.mesh\.seed: must be"):
+    mesh_lib.mesh_shape(0, 1, num_devices=8)
+  with pytest.raises(ValueError, match=r"config\.mesh\.data: must be"):
+    mesh_lib.mesh_shape(-1, 0, num_devices=8)
+
+
+def test_one_device_means_no_mesh_and_no_padding():
+  import ml_collections
+  from sdm_jax import mesh as mesh_lib
+  config = ml_collections.ConfigDict(dict(mesh=dict(seed=-1, data=1)))
+  assert mesh_lib.from_config(config) is None
+  assert mesh_lib.from_config(ml_collections.ConfigDict()) is None
+  assert mesh_lib.pad_seeds([4, 5, 6], None) == [4, 5, 6]
+  with pytest.raises(ValueError, match=r"config\.mesh: unknown fields \['model'\]"):
+    mesh_lib.from_config(ml_collections.ConfigDict(dict(mesh=dict(model=2))))
+
+
+def test_pad_seeds_repeats_the_last_seed_to_a_multiple_of_the_seed_axis():
+  from sdm_jax import mesh as mesh_lib
+
+  class FakeMesh:  # only .shape is read
+    shape = {"seed": 4, "data": 2}
+
+  assert mesh_lib.pad_seeds([0, 1, 2], FakeMesh) == [0, 1, 2, 2]
+  assert mesh_lib.pad_seeds([0, 1, 2, 3, 4], FakeMesh) == [0, 1, 2, 3, 4, 4, 4, 4]
+  assert mesh_lib.padded_size(8, FakeMesh) == 8
+
+
+# ------------------------------------------------------------------ 8 forced devices (subprocess)
+
+
+@pytest.fixture(scope="module")
+def engine():
+  return run_worker(pathlib.Path(__file__), "engine")
+
+
+def test_sharded_seeds_equal_vmapped_mapped_and_single_seed_runs(engine):
+  """8 seeds over 8 devices == 8 seeds vmapped (and lax.map'ed) on one device == 8 single runs."""
+  assert engine["devices"] == 8
+  assert engine["sharded8_vs_vmap"] <= 1e-5
+  assert engine["sharded8_vs_map"] <= 1e-5
+  assert engine["sharded8_vs_singles"] <= 1e-5
+  assert engine["metrics_sharded8_vs_map"] <= 1e-5
+  assert engine["gaba_switched"]  # the GABA counters passed T: the switch ran inside the test
+  # 3 seeds padded to 8 on the 8-device seed axis: the real seeds are unchanged.
+  assert engine["padded3on8_vs_map"] <= 1e-5
+
+
+def test_data_parallel_equals_one_device_with_the_same_global_batch(engine):
+  """Batches split over 2 devices (gradients, counts and GABA counters summed) == one device."""
+  assert engine["data2_vs_one"] <= 1e-5
+  assert engine["metrics_data2_vs_one"] <= 1e-5
+  assert engine["gaba_data2_vs_one"] == 0.0  # counters are integers: exactly equal
+  assert engine["seed4_data2_vs_one"] <= 1e-5
+
+
+def test_seed_sharding_runs_without_collectives(engine):
+  """The seed axis needs no communication: no all-gather of the state, no collective at all;
+  the data axis only all-reduces."""
+  assert engine["collectives_seed8"] == {}
+  assert set(engine["collectives_data2"]) == {"all-reduce"}
+
+
+# ------------------------------------------------------------------ the worker
+
+
+def _engine_worker() -> dict:
+  import jax
+  import jax.numpy as jnp
+  from sdm_jax import mesh as mesh_lib
+  from sdm_jax import models, optim, train
+  jax.config.update("jax_default_matmul_precision", "float32")
+
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 256, (2, 200, 32), dtype=np.uint8)  # 2 tasks of (up to) 200 examples, 32 features
+  y = rng.integers(0, 4, (2, 200)).astype(np.int32)
+  sizes = np.array([200, 150], np.int32)  # the last batch of task 1 is partial: 150 = 4 x 32 + 22
+  spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
+  tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
+  compiled_text = {}
+  block_for = functools.lru_cache(lambda mesh, seed_loop: train.make_train_block(
+      spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, seed_loop=seed_loop, mesh=mesh))
+  init8 = train.init_states(np.arange(8), spec=spec, tx=tx)
+
+  @functools.lru_cache
+  def compiled(mesh, seed_loop, num_seeds):
+    """The block, compiled once per (mesh, seed loop, seed count); its HLO kept for inspection."""
+    states, data = inputs(list(range(num_seeds)), mesh)
+    executable = block_for(mesh, seed_loop).lower(states, *data, np.int32(0)).compile()
+    compiled_text[(mesh, num_seeds)] = executable.as_text()
+    return executable
+
+  def inputs(seeds, mesh):
+    states = jax.tree.map(lambda a: a[np.asarray(mesh_lib.pad_seeds(seeds, mesh))], init8)
+    data = (x, y, sizes)
+    if mesh is not None:
+      states = mesh_lib.put(states, mesh_lib.seed_sharding(mesh))
+      data = mesh_lib.put(data, mesh_lib.replicated(mesh))
+    return states, data
+
+  def run(seeds, mesh=None, seed_loop="auto"):
+    states, data = inputs(seeds, mesh)
+    block = compiled(mesh, seed_loop, len(states.epoch))
+    for task in range(2):
+      states, metrics = block(states, *data, np.int32(task))
+    return mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh)), mesh_lib.to_host(metrics)
+
+  def diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64))))
+               for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+  first = lambda tree, n: jax.tree.map(lambda a: a[:n], tree)
+  seeds = list(range(8))
+  mesh8, mesh2, mesh42 = mesh_lib.make_mesh(8, 1), mesh_lib.make_mesh(1, 2), mesh_lib.make_mesh(4, 2)
+  mapped, mapped_metrics = run(seeds, seed_loop="map")
+  vmapped, _ = run(seeds, seed_loop="vmap")
+  sharded, sharded_metrics = run(seeds, mesh8)
+  singles = [run([s])[0] for s in seeds]
+  padded, _ = run([0, 1, 2], mesh8)  # padded to 8 with copies of seed 2
+  data2, data2_metrics = run([0, 1], mesh2)
+  seed4_data2, _ = run(seeds, mesh42)
+
+  def collectives(text):
+    ops = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+    found = {op: text.count(f" {op}(") + text.count(f" {op}-start(") for op in ops}
+    return {op: n for op, n in found.items() if n}
+
+  return dict(
+      devices=jax.device_count(),
+      sharded8_vs_vmap=diff(sharded, vmapped), sharded8_vs_map=diff(sharded, mapped),
+      sharded8_vs_singles=max(diff(first(jax.tree.map(lambda a: a[i:], sharded), 1), s)
+                              for i, s in enumerate(singles)),
+      metrics_sharded8_vs_map=diff(sharded_metrics, mapped_metrics),
+      gaba_switched=bool(np.all(np.asarray(mapped.gaba_counts).max(-1) > 300.0)),
+      padded3on8_vs_map=diff(padded, first(mapped, 3)),
+      data2_vs_one=diff(data2, first(mapped, 2)), metrics_data2_vs_one=diff(data2_metrics, first(mapped_metrics, 2)),
+      gaba_data2_vs_one=diff(data2.gaba_counts, first(mapped, 2).gaba_counts),
+      seed4_data2_vs_one=diff(seed4_data2, mapped),
+      collectives_seed8=collectives(compiled_text[(mesh8, 8)]),
+      collectives_data2=collectives(compiled_text[(mesh2, 2)]))
+
+
+if __name__ == "__main__":
+  print(json.dumps({"engine": _engine_worker}[sys.argv[1]]()))
