@@ -34,8 +34,9 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-# Config fields that may change between a run and its resumption without changing its result.
-RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints")
+# Config fields that may change between a run and its resumption without changing its result
+# (`mesh`: the device layout; states are saved without the seed padding, see sdm_jax/mesh.py).
+RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints", "mesh")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import csv
 import functools
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -30,6 +31,7 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
+from sdm_jax import mesh as mesh_lib
 from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, pretrained, regularizers, sparse, train
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or ConvMixer embeddings (256-d,
@@ -127,6 +129,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
   if config.num_classes != m.num_classes:
     _fail("model.num_classes", f"{m.num_classes} != num_classes {config.num_classes}")
+  mesh = mesh_lib.from_config(config)  # raises naming config.mesh.seed / config.mesh.data
+  data_shards = mesh.shape[mesh_lib.DATA] if mesh is not None else 1
+  if config.batch_size % data_shards:
+    _fail("mesh.data", f"{data_shards} does not divide batch_size {config.batch_size}")
+  if data_shards > 1 and r is not None and r.method == "si":
+    _fail("mesh.data", "SI's path integral is not data-parallel; use mesh.data = 1")
   if config.get("pretrain_variant") and not config.get("pretrained"):
     _fail("pretrained", f"this row starts from the pretrain {config.pretrain_variant!r}: run `python -m "
           f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
@@ -171,6 +179,8 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
     return None
   if train.resolve_seed_loop("auto") != "map":
     return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
+  if mesh_lib.data_axis(mesh_lib.from_config(config)) is not None:
+    return None  # the sparse step is not data-parallel
   return sparse.SparseSGD(o.learning_rate, o.clip_norm or None)
 
 
@@ -245,7 +255,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     pretrained.check_compatible(config, pre)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+  is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
+  if is_main:
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
   if config.model.kind == "flymodel":
     return run_flymodel(config, workdir)
 
@@ -261,19 +273,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
     _log(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
+  # Device mesh (sdm_jax/mesh.py): seeds padded to a multiple of its seed axis and split over it;
+  # every host-side read below keeps the first num_seeds rows. None: one device, nothing changes.
+  mesh = mesh_lib.from_config(config)
+  states = mesh_lib.to_mesh(states, mesh)
+  for name in ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes", "task_classes"):
+    tasks[name] = mesh_lib.to_mesh(tasks[name], mesh, seed_axis=tasks["seed_axis"])
+  real = lambda tree: jax.tree.map(lambda a: a[:num_seeds], tree)
   train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
                                        epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
-                                       regularizer=regularizer)
+                                       regularizer=regularizer, mesh=mesh)
   end_task = None
   if regularizer is not None:
-    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=tasks["seed_axis"])
-  evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"])
+    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=tasks["seed_axis"],
+                                   mesh=mesh)
+  evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"], mesh=mesh)
   sparse_sgd = sparse_step_for(config, spec)
   sparse_block = None
   if sparse_sgd is not None:
     sparse_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
                                           epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
-                                          sparse_sgd=sparse_sgd)
+                                          sparse_sgd=sparse_sgd, mesh=mesh)
 
   acc = np.zeros((num_seeds, num_tasks, num_tasks))
   acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
@@ -289,9 +309,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # Resume from the newest checkpoint of this workdir, if any (same config only).
   config_dict = json.loads(config.to_json_best_effort(sort_keys=True))
   checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2))
-  restored = checkpoint.restore_latest(checkpoints, states, config_dict)
+  # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
+  restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, num_seeds, mesh), config_dict)
   if restored is not None:
     states, progress = restored
+    states = mesh_lib.pad(states, mesh)
     blocks_done, elapsed_before = progress["blocks_done"], progress["elapsed_s"]
     acc[:], acc_task_il[:] = np.asarray(progress["acc"]), np.asarray(progress["acc_task_il"])
     curves = progress["curves"]
@@ -304,13 +326,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     progress = dict(blocks_done=blocks_done, elapsed_s=elapsed_before + time.time() - start,
                     acc=acc.tolist(), acc_task_il=acc_task_il.tolist(), curves=curves,
                     sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at)
-    checkpoint.save(checkpoints, blocks_done, states, progress, config_dict)
+    checkpoint.save(checkpoints, blocks_done, mesh_lib.unpad(states, num_seeds, mesh), progress, config_dict)
 
   csv_path = workdir / "metrics.csv"
   csv_fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy",
                  "dead_fraction", "active_per_example", "gaba_lambda_mean"]
                 + [f"accuracy_task{j}" for j in range(num_tasks)])
-  csv_file = csv_path.open("w", newline="")
+  csv_file = csv_path.open("w", newline="") if is_main else open(os.devnull, "w")
   writer = csv.DictWriter(csv_file, fieldnames=csv_fields)
   writer.writeheader()
   writer.writerows(curves)  # the rows of earlier sessions, when resuming
@@ -328,7 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves,
                        elapsed_before + time.time() - start, status, failure, blocks_done, blocks_per_task,
                        num_tasks)
-    (workdir / "results.json").write_text(json.dumps(results, indent=2))
+    if is_main:
+      (workdir / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
   _log(f"sdm_jax: {config.dataset} ({tasks['source']}{_lossy_note(tasks)}), {num_tasks} tasks x {config.epochs_per_task} "
@@ -343,7 +366,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       try_sparse = (sparse_block is not None and active_last is not None
                     and active_last <= sparse_sgd.capacity(spec) and blocks_done >= sparse_retry_at)
       states, epoch_metrics, ran_sparse = train.run_block(
-          states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task),
+          states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task),
           dense_block=train_block, sparse_block=sparse_block if try_sparse else None)
       if try_sparse and not ran_sparse:
         sparse_retry_at = blocks_done + 10
@@ -352,9 +375,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         _log(f"task {task + 1} epoch {block * config.eval_every}: at most {sparse_sgd.capacity(spec)} active "
              "units per example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
       counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
-      counts, epoch_metrics, epochs_done, lam = jax.device_get(
+      counts, epoch_metrics, epochs_done, lam = real(mesh_lib.to_host(
           (counts, epoch_metrics, states.epoch,
-           models_gaba_mean(states, spec)))
+           models_gaba_mean(states, spec))))
       dt = time.time() - t0
       active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
       blocks_done += 1
@@ -389,7 +412,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         acc_task_il[:, task] = per_task_il
         if end_task is not None and task < num_tasks - 1:
           # Task boundary: importances on the finished task, new anchors (reference §5).
-          states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+          states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task))
       if block == blocks_per_task - 1 or blocks_done % checkpoint_every_blocks == 0:
         save_checkpoint()
       rate = steady_steps / steady_time if steady_time else float("nan")
@@ -404,7 +427,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
            + ("sparse step | " if ran_sparse else "")
            + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
     status = "finished"
-    save_final_state(workdir / "final_state.npz", states, seeds)
+    final_states = mesh_lib.to_host(mesh_lib.unpad(states, num_seeds, mesh))  # (every process gathers)
+    if is_main:
+      save_final_state(workdir / "final_state.npz", final_states, seeds)
   except BaseException as e:
     if status == "running":
       status = "failed"

@@ -178,9 +178,10 @@ def _take(tree, *, num_seeds: int, sharding):
 
 
 def unpad(tree: Any, num_seeds: int, mesh: Mesh | None) -> Any:
-  """The first `num_seeds` rows of every leaf, replicated over the mesh (what checkpoints
-  hold: independent of the device count)."""
-  if mesh is None:
+  """The first `num_seeds` rows of every leaf: what checkpoints hold, independent of the
+  device count. Without padding that is the tree itself (still split over `seed`: orbax
+  writes each shard from its device); with padding the rows are gathered, replicated."""
+  if mesh is None or padded_size(num_seeds, mesh) == num_seeds:
     return tree
   return _take(tree, num_seeds=num_seeds, sharding=replicated(mesh))
 
@@ -199,6 +200,15 @@ def pad(tree: Any, mesh: Mesh | None) -> Any:
     return tree
   size = padded_size(jax.tree.leaves(tree)[0].shape[0], mesh)
   return _pad(tree, size=size, sharding=seed_sharding(mesh))
+
+
+def to_mesh(tree: Any, mesh: Mesh | None, *, seed_axis: bool = True) -> Any:
+  """Host or single-device values onto the mesh: with `seed_axis`, padded like `pad_seeds`
+  (copies of the last seed's row) and split over `seed`; without, replicated."""
+  if mesh is None:
+    return tree
+  tree = put(tree, replicated(mesh))
+  return pad(tree, mesh) if seed_axis else tree
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
