@@ -34,10 +34,10 @@ from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
 from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, pretrained, regularizers, sparse, train
 
-# Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or ConvMixer embeddings (256-d,
-# `data_dir` = the embedding file; sdm_jax/data/embeddings.py).
+# Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
+# checked when loaded; `data_dir` = the embedding file, sdm_jax/data/embeddings.py).
 DATASETS = {"mnist": 784, "fashion_mnist": 784, "cifar10": 3072, "cifar10_jpeg": 3072, "cifar100": 3072,
-            "imagenet32": 3072, "embeddings": 256}
+            "imagenet32": 3072, "embeddings": None}
 MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 # ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
@@ -56,7 +56,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   m = config.model
   if m.kind not in MODEL_KINDS:
     _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
-  if m.input_size != DATASETS[config.dataset]:
+  if DATASETS[config.dataset] is not None and m.input_size != DATASETS[config.dataset]:
     _fail("model.input_size", f"{m.input_size} does not match {config.dataset} inputs "
           f"({DATASETS[config.dataset]} features)")
   if m.neurons <= 0:
@@ -197,6 +197,10 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   Arrays have a leading seed axis only when seeds have different class orders.
   """
   dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  features = int(np.prod(dataset["train_images"].shape[1:]))
+  if features != config.model.input_size:
+    _fail("model.input_size", f"{config.model.input_size} does not match the {features} features of "
+          f"{config.dataset} ({dataset.get('source', config.data_dir)})")
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
   orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
   per_order = []

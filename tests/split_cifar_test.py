@@ -149,3 +149,10 @@ def test_reproduce_knows_the_cifar_tables():
   for table, rows in split_cifar.TABLE_ROWS.items():
     assert table in reproduce.TABLES and reproduce.CONFIG_MODULES[table] == "split_cifar"
     assert set(rows) <= set(split_cifar.ROWS)
+
+
+def test_embedding_width_is_checked_against_the_file(tmp_path, fake_data):
+  config = split_cifar.get_config("nopretrain_sdmlp,tiny")
+  config.model.input_size = 128  # the fake embeddings are 256-d
+  with pytest.raises(ValueError, match=r"config\.model\.input_size: 128 does not match the 256 features"):
+    experiment.train_and_evaluate(config, tmp_path)

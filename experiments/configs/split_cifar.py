@@ -26,7 +26,9 @@ value in `PAPER_FINAL_ACCURACY`):
   from the ImageNet32-embedding pretrains.
 - Extra rows, no paper value: `nopretrain_pixels_sdmlp`,
   `nopretrain_pixels_relu` (pixels, no pretraining, T = 5M at 2,000 epochs):
-  the offline measurement on the JPEG stand-in (experiments/CIFAR.md).
+  the offline measurement on the JPEG stand-in (experiments/CIFAR.md);
+  `nopretrain_sdmlp`, `nopretrain_relu`: the same on embeddings (any
+  embedding width: set `--config.model.input_size`).
 
 Hyperparameters (reference §3 `cont_learn_on_SplitCIFAR10_embeddings.py` and
 siblings): SGD lr 0.05 (no momentum) for every row, except SDMLP+EWC and
@@ -125,9 +127,12 @@ ROWS = {
                                    classes=100),
     "cifar100_oracle_10k": _row("relu", 10_000, pretrain="relu_10k", optimizer=("sgd", 0.03), classes=100,
                                 oracle=True),
-    # Not in a paper table: pixels without pretraining (the offline JPEG stand-in measurement).
+    # Not in a paper table: SDMLP vs ReLU, 1K neurons, no pretraining, on pixels (the offline JPEG
+    # stand-in measurement) and on embeddings.
     "nopretrain_pixels_sdmlp": _row("sdmlp", 1_000, input=_P),
     "nopretrain_pixels_relu": _row("relu", 1_000, input=_P),
+    "nopretrain_sdmlp": _row("sdmlp", 1_000),
+    "nopretrain_relu": _row("relu", 1_000),
 }
 VARIANTS = tuple(ROWS)
 PAPER_FINAL_ACCURACY = {
@@ -154,7 +159,9 @@ TABLE_ROWS = {
                       "sdmlp_ewc_10k", "oracle_10k", "sdmlp_k1", "sdmlp", "topk", "flymodel", "mas", "ewc", "si",
                       "l2", "dropout", "sdmlp_mas", "sdmlp_ewc", "oracle"),
     "split_cifar10_pixels": tuple(r for r in ROWS if r.startswith("pixels_")),
-    "split_cifar10_no_pretrain": tuple(r for r in ROWS if r.startswith("nopretrain_") and "pixels" not in r),
+    "split_cifar10_no_pretrain": ("nopretrain_sdmlp_k1", "nopretrain_sdmlp_10k", "nopretrain_flymodel",
+                                  "nopretrain_flymodel_10k", "nopretrain_ewc", "nopretrain_sdmlp_ewc",
+                                  "nopretrain_sdmlp_ewc_10k", "nopretrain_oracle", "nopretrain_oracle_10k"),
     "split_cifar100": tuple(r for r in ROWS if r.startswith("cifar100_")),
 }
 TABLE_TITLES = {"split_cifar10": "Tables 1 and 5 (Split CIFAR-10, pretrained embeddings)",
