@@ -1,0 +1,52 @@
+"""Independent PyTorch check of the reference EWC-Memory loop on Split MNIST (reference-code.md §5)."""
+import sys, time, gzip, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+torch.set_num_threads(2)
+def idx(path):
+    raw = gzip.open(path).read(); nd = raw[3]
+    dims = [int.from_bytes(raw[4+4*i:8+4*i], "big") for i in range(nd)]
+    return np.frombuffer(raw, np.uint8, offset=4+4*nd).reshape(dims)
+d = "/work/shared/data/mnist/"
+xtr = torch.tensor(idx(d+"train-images-idx3-ubyte.gz").reshape(-1, 784) / 255., dtype=torch.float32)
+ytr = torch.tensor(idx(d+"train-labels-idx1-ubyte.gz").astype(np.int64))
+xte = torch.tensor(idx(d+"t10k-images-idx3-ubyte.gz").reshape(-1, 784) / 255., dtype=torch.float32)
+yte = torch.tensor(idx(d+"t10k-labels-idx1-ubyte.gz").astype(np.int64))
+lam, beta, epochs, seed = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.manual_seed(seed)
+model = nn.Sequential(nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+slots = []
+t0 = time.time()
+for task in range(5):
+    m = (ytr == 2*task) | (ytr == 2*task+1)
+    x, y = xtr[m], ytr[m]
+    if task > 0:  # Fisher on the just-finished task
+        pm = (ytr == 2*task-2) | (ytr == 2*task-1)
+        px = xtr[pm]
+        perm = torch.randperm(len(px))
+        omega = [torch.zeros_like(p) for p in model.parameters()]
+        for b in range(6):
+            xb = px[perm[b*512:(b+1)*512]]
+            model.zero_grad()
+            out = model(xb)
+            lab = out.argmax(1)
+            loss = F.nll_loss(F.log_softmax(beta*out, 1), lab, reduction="sum")
+            loss.backward()
+            for o, p in zip(omega, model.parameters()):
+                o += p.grad**2 / 2560
+        slots.append(([p.detach().clone() for p in model.parameters()], omega))
+        print("task", task, "omega means", [f"{o.mean().item():.2e}" for o in omega], flush=True)
+    for ep in range(epochs):
+        perm = torch.randperm(len(x))
+        for b in range(0, len(x), 128):
+            i = perm[b:b+128]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[i]), y[i])
+            for anchor, omega in slots:
+                loss = loss + lam*sum((o*(p-a)**2).sum() for p, a, o in zip(model.parameters(), anchor, omega))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float()
+        per = [acc[(yte == 2*t) | (yte == 2*t+1)].mean().item() for t in range(5)]
+    print(f"after task {task}: full {acc.mean().item():.4f} per-task {[round(a,3) for a in per]} ({time.time()-t0:.0f}s)", flush=True)
