@@ -349,7 +349,7 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
   Returns:
     The dict of `idx.load_idx_dataset`: images uint8 [50000|10000, 32, 32, 3],
     labels uint8 in CIFAR-10 class-id order, plus `lossy=True`,
-    `num_classes=10`, `sha256`, and a `source` that starts with
+    `num_classes=10`, `sha256`, `cache_file`, and a `source` that starts with
     'LOSSY JPEG stand-in'. Print `source` with every result made from it.
   """
   tar = resolve_jpeg_tar(data_dir)
@@ -379,5 +379,6 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
             f'{tar}: {split} split has class counts {counts}, expected '
             f'{per_class} each')
   return dict(arrays, lossy=True, num_classes=10, sha256=sha,
-              source=f'{LOSSY_SOURCE}: {tar} (sha256 {sha[:16]}, cache {cached})')
+              source=f'{LOSSY_SOURCE}: {tar} (sha256 {sha[:16]})',
+              cache_file=str(cached))
 
