@@ -20,7 +20,7 @@ setuptools.setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*"]),
+    packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*", "launch", "launch.*"]),
     package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"]},
     install_requires=CORE,
     extras_require={

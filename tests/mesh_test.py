@@ -11,6 +11,8 @@ import functools
 import json
 import os
 import pathlib
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -73,8 +75,13 @@ def test_pad_seeds_repeats_the_last_seed_to_a_multiple_of_the_seed_axis():
 
 
 @pytest.fixture(scope="module")
-def engine():
-  return run_worker(pathlib.Path(__file__), "engine")
+def engine_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="module")
+def engine(engine_dir):
+  return run_worker(pathlib.Path(__file__), "engine", str(engine_dir))
 
 
 def test_sharded_seeds_equal_vmapped_mapped_and_single_seed_runs(engine):
@@ -107,9 +114,9 @@ def test_seed_sharding_runs_without_collectives(engine):
 # ------------------------------------------------------------------ the worker
 
 
-def _engine_worker() -> dict:
+def _engine_worker(workdir: str) -> dict:
   import jax
-  import jax.numpy as jnp
+  from sdm_jax import checkpoint
   from sdm_jax import mesh as mesh_lib
   from sdm_jax import models, optim, train
   jax.config.update("jax_default_matmul_precision", "float32")
@@ -163,13 +170,22 @@ def _engine_worker() -> dict:
   data2, data2_metrics = run([0, 1], mesh2)
   seed4_data2, _ = run(seeds, mesh42)
 
+  # A seed-sharded state (8 seeds over 8 devices, after two tasks) saved with orbax, and its values.
+  trained, data = inputs(seeds, mesh8)
+  block = compiled(mesh8, "auto", 8)
+  for task in range(2):
+    trained, _ = block(trained, *data, np.int32(task))
+  checkpoint.save(checkpoint.manager(workdir), 1, trained, {"blocks_done": 1}, {"seeds": seeds})
+  np.savez(pathlib.Path(workdir) / "expected.npz", *jax.tree.leaves(mesh_lib.to_host(trained)))
+  sharded_on = len(trained.params["hidden"]["kernel"].sharding.device_set)
+
   def collectives(text):
     ops = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
     found = {op: text.count(f" {op}(") + text.count(f" {op}-start(") for op in ops}
     return {op: n for op, n in found.items() if n}
 
   return dict(
-      devices=jax.device_count(),
+      devices=jax.device_count(), checkpoint_sharded_on=sharded_on,
       sharded8_vs_vmap=diff(sharded, vmapped), sharded8_vs_map=diff(sharded, mapped),
       sharded8_vs_singles=max(diff(first(jax.tree.map(lambda a: a[i:], sharded), 1), s)
                               for i, s in enumerate(singles)),
@@ -184,4 +200,95 @@ def _engine_worker() -> dict:
 
 
 if __name__ == "__main__":
-  print(json.dumps({"engine": _engine_worker}[sys.argv[1]]()))
+  print(json.dumps({"engine": _engine_worker}[sys.argv[1]](*sys.argv[2:])))
+
+
+def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir):
+  """Orbax writes the state split over 8 devices; this 1-device process reads it back exactly."""
+  import jax
+  from sdm_jax import checkpoint, models, optim, train
+  assert engine["checkpoint_sharded_on"] == 8
+  spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
+  tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
+  abstract = train.init_states(np.arange(8), spec=spec, tx=tx)
+  states, progress = checkpoint.restore_latest(checkpoint.manager(engine_dir), abstract, {"seeds": list(range(8))})
+  assert progress == {"blocks_done": 1}
+  with np.load(engine_dir / "expected.npz") as expected:
+    for i, leaf in enumerate(jax.tree.leaves(states)):
+      np.testing.assert_array_equal(np.asarray(leaf), expected[f"arr_{i}"])
+  assert int(states.epoch[0]) == 4
+
+
+# ------------------------------------------------------------------ whole runs: launch.sweep, processes
+
+RUN = "variant=sdmlp-tiny"  # the one run of launch/configs/split_mnist.py:devices (3 seeds)
+
+
+def _sweep(workdir, *flags, devices):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  return subprocess.Popen([sys.executable, "-m", "launch.sweep", "--config=launch/configs/split_mnist.py:devices",
+                           f"--workdir={workdir}", *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _finish(*procs):
+  for proc in procs:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def _final_state(run_dir):
+  with np.load(run_dir / "final_state.npz") as f:
+    return {name: f[name] for name in f.files}
+
+
+def _assert_same_run(a, b, atol=1e-5):
+  sa, sb = _final_state(a), _final_state(b)
+  assert sa.keys() == sb.keys() and sa["params/hidden/kernel"].shape[0] == 3
+  for name in sa:
+    np.testing.assert_allclose(sa[name], sb[name], atol=atol, err_msg=name)
+  ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
+  assert ra["status"] == rb["status"] == "finished"
+  for x, y in zip(ra["per_seed"], rb["per_seed"]):
+    np.testing.assert_allclose(x["acc_matrix"], y["acc_matrix"], atol=2e-3)  # <= a few test examples
+
+
+@pytest.fixture(scope="module")
+def on_8_devices(tmp_path_factory):
+  """The run on 8 devices, one process: 3 seeds padded to 8 on the seed axis.
+
+  (Seed axis only: its numbers are bitwise those of one device. A data axis sums each batch's
+  gradients in another order; over five tasks that moves a few GABA counters by one, so runs
+  with one are compared step by step in the engine test above instead.)"""
+  workdir = tmp_path_factory.mktemp("devices8")
+  _finish(_sweep(workdir, devices=8))
+  return workdir / RUN
+
+
+def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capfd):
+  """Cut the 8-device run back to its task-2 checkpoint; finish it here, on one device."""
+  from launch import sweep as sweep_lib
+  from launch.configs import split_mnist as sweeps
+  run = tmp_path / RUN
+  shutil.copytree(on_8_devices, run)
+  for name in ("results.json", "final_state.npz"):
+    (run / name).unlink()
+  steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps[-1] == 5
+  for step in steps:
+    if step > 2:
+      shutil.rmtree(run / "checkpoints" / str(step))
+  sweep_lib.run_sweep(sweeps.get_config("devices"), tmp_path)
+  assert "resuming from" in capfd.readouterr().err
+  _assert_same_run(run, on_8_devices)
+
+
+def test_two_processes_with_jax_distributed_agree_with_one(on_8_devices, tmp_path):
+  """Two local processes (2 CPU devices each, jax.distributed over gloo) run the same sweep."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_sweep(tmp_path, f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                  f"--process_id={i}", devices=2) for i in range(2)]
+  _finish(*procs)
+  _assert_same_run(tmp_path / RUN, on_8_devices)

@@ -1,0 +1,73 @@
+"""Tests of launch.sweep: expansion of a sweep into runs, resumable sweeps, the summary table."""
+
+import json
+
+import pytest
+
+from launch import sweep as sweep_lib
+from launch.configs import split_mnist as sweeps
+from sdm_jax import experiment
+
+
+def test_expand_is_the_product_of_the_axes():
+  runs = sweep_lib.expand(sweeps.get_config("smoke"))
+  assert len(runs) == 2 * 4
+  config = runs["variant=relu-tiny__neurons=48"]
+  assert (config.model.kind, config.model.neurons, config.epochs_per_task, tuple(config.seeds)) == ("relu", 48, 1, (0, 1))
+  assert len(sweep_lib.expand(sweeps.get_config("methods"))) == 4 * 2 * 2
+  for config in runs.values():
+    experiment.validate_config(config)
+
+
+def test_unknown_field_or_sweep_is_named():
+  config = sweeps.get_config("smoke")
+  config.axes = (("model.neuronz", (1, 2)),)
+  with pytest.raises(Exception, match="neuronz"):
+    sweep_lib.expand(config)
+  with pytest.raises(ValueError, match="unknown sweep 'huge'"):
+    sweeps.get_config("huge")
+
+
+def _fake_train_and_evaluate(calls, interrupt_after=None):
+  """Writes what a finished run writes (config.json, results.json), instantly."""
+
+  def fake(config, workdir):
+    if interrupt_after is not None and len(calls) == interrupt_after:
+      raise KeyboardInterrupt  # the sweep is killed halfway
+    calls.append(workdir.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+    acc = config.model.neurons / 100
+    results = dict(status="finished", wall_time_s=1.0, machine="test",
+                   per_seed=[dict(seed=s, final_accuracy=acc, average_accuracy=acc) for s in config.seeds])
+    (workdir / "results.json").write_text(json.dumps(results))
+    return results
+
+  return fake
+
+
+def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
+  """A 2 x 4 sweep killed after 4 runs: the rerun runs the other 4, and the summary lists all 8."""
+  config = sweeps.get_config("smoke")
+  calls = []
+  monkeypatch.setattr(experiment, "train_and_evaluate", _fake_train_and_evaluate(calls, interrupt_after=4))
+  with pytest.raises(KeyboardInterrupt):
+    sweep_lib.run_sweep(config, tmp_path)
+  first = list(calls)
+  assert len(first) == 4 and "neurons=16" in first[0]
+  calls.clear()
+  monkeypatch.setattr(experiment, "train_and_evaluate", _fake_train_and_evaluate(calls))
+  results = sweep_lib.run_sweep(config, tmp_path)
+  assert sorted(calls) == sorted(set(sweep_lib.expand(config)) - set(first))  # only the missing runs
+  assert len(results) == 8
+  summary = (tmp_path / "summary.md").read_text()
+  assert all(f"| {name} |" in summary for name in results)
+  calls.clear()
+  sweep_lib.run_sweep(config, tmp_path)  # all finished: nothing runs
+  assert calls == []
+  # A run whose results.json is missing (or not "finished") runs again; --only picks runs.
+  (tmp_path / "variant=relu-tiny__neurons=64" / "results.json").unlink()
+  sweep_lib.run_sweep(config, tmp_path, only=["variant=relu-tiny__neurons=64", "variant=sdmlp-tiny__neurons=16"])
+  assert calls == ["variant=relu-tiny__neurons=64"]
+  with pytest.raises(ValueError, match="unknown runs"):
+    sweep_lib.run_sweep(config, tmp_path, only=["variant=mlp"])
