@@ -51,6 +51,13 @@ epochs (as split_mnist.py); with pretraining T is the pretrain's.
 
 Not implemented: NISPA (Table 5, 0.19) and the reference's Oracle keeping its
 1,000-way pretrained head (ours resets it to 10 classes like every row).
+
+Measured 2026-11-22 on a 2-core VM (CPU; experiments/CIFAR.md): LOSSY JPEG
+stand-in, pixels, no pretraining, 1K neurons, 5 epochs per task (T = 12,500),
+seeds (0, 3, 15): nopretrain_pixels_sdmlp 0.128 ± 0.017 (10m28s),
+nopretrain_pixels_relu 0.160 ± 0.007 (5m57s). Without pretraining the same 10
+"greedy" neurons win for every image (seeds 3, 15), so the SDMLP does not beat
+ReLU on raw pixels in a short schedule. No paper table runs that setting.
 """
 
 import ml_collections
