@@ -1,6 +1,5 @@
-"""experiments.configs.pretrain / split_cifar and the pretrain -> split_cifar chain on synthetic data."""
+"""experiments.configs.pretrain / split_cifar; the train_convmixer -> embed -> pretrain -> split_cifar chain."""
 
-import json
 import logging
 
 import jax
@@ -91,35 +90,7 @@ def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_chain_pretrain_then_split_cifar(tmp_path, fake_data, capfd):
-  """pretrain (all classes, one task) -> split_cifar (X_v reset, X_a and counters kept) end to end."""
-  pre = pretrain.get_config("sdmlp,tiny")
-  pre.data_dir = "imagenet:20"
-  pre.num_classes = pre.classes_per_task = pre.model.num_classes = 20
-  pre.model.neurons = 64
-  experiment.train_and_evaluate(pre, tmp_path / "pre")
-  _, pre_params, pre_counts = experiment.load_final_state(tmp_path / "pre" / "final_state.npz")
-  assert pre_params["output"]["kernel"].shape == (1, 64, 20) and pre_counts.sum() > 0
-
-  config = split_cifar.get_config("sdmlp,tiny")
-  config.model.neurons = 64
-  config.seeds = (0, 3)
-  config.pretrained = str(tmp_path / "pre")
-  results = experiment.train_and_evaluate(config, tmp_path / "cl")
-  err = capfd.readouterr().err
-  assert "output layer reset" in err and "LOSSY stand-in" in err
-  assert results["status"] == "finished" and results["tasks_finished"] == 5
-  assert results["dataset"]["lossy"] and results["pretrained"].endswith("pre/final_state.npz")
-  assert [s["class_order"] for s in results["per_seed"]] == [list(range(10)), [5, 4, 1, 2, 9, 6, 7, 0, 3, 8]]
-  seeds, params, counts = experiment.load_final_state(tmp_path / "cl" / "final_state.npz")
-  assert params["output"]["kernel"].shape == (2, 64, 10)
-  assert np.all(counts >= pre_counts)  # the GABA counters carried on from the pretrain's
-  with np.load(tmp_path / "cl" / "final_state.npz") as f:
-    assert f["epoch"].tolist() == [2 + 10, 2 + 10]  # the pretrain's 2 epochs + 5 tasks x 2
-  assert json.loads((tmp_path / "cl" / "results.json").read_text())["dataset"]["lossy"]
-
-
-def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data):
+def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, capfd):
   """50 tasks of 2 classes: the padded tasks share one shape, so the training block compiles once."""
   config = split_cifar.get_config("nopretrain_sdmlp_k1,tiny")
   config.data_dir = "cifar100"
@@ -142,6 +113,7 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data):
     logging.getLogger("jax").removeHandler(handler)
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
   assert len(compiled) == 2, compiled  # the training block and the evaluation, once each
+  assert results["dataset"]["lossy"] and "LOSSY stand-in" in capfd.readouterr().err  # a lossy source says so
 
 
 def test_reproduce_knows_the_cifar_tables():
@@ -156,3 +128,41 @@ def test_embedding_width_is_checked_against_the_file(tmp_path, fake_data):
   config.model.input_size = 128  # the fake embeddings are 256-d
   with pytest.raises(ValueError, match=r"config\.model\.input_size: 128 does not match the 256 features"):
     experiment.train_and_evaluate(config, tmp_path)
+
+
+def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
+  """Issue 5's chain on TFDS mock data: ConvMixer -> embeddings -> SDMLP pretrain -> Split CIFAR-10.
+
+  CIFAR-100 stands in for ImageNet32 as the pretraining set (the mock has no ImageNet32 files).
+  """
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from experiments import embed, train_convmixer
+  from experiments.configs import convmixer as convmixer_config
+
+  c = convmixer_config.get_config("tiny")
+  c.dataset, c.dim, c.depth, c.batch_size, c.eval_batch_size, c.epochs = "cifar10", 8, 1, 50, 50, 1
+  c.max_train_examples = c.max_test_examples = 0
+  with tfds.testing.mock_data(num_examples=100):
+    train_convmixer.train_and_evaluate(c, tmp_path / "convmixer")
+    pre_file, _ = embed.embed_dataset(tmp_path / "convmixer", "cifar100", tmp_path / "pre.npz")
+    cifar_file, _ = embed.embed_dataset(tmp_path / "convmixer", "cifar10", tmp_path / "cifar10.npz")
+
+  pre = pretrain.get_config("sdmlp,tiny")
+  pre.data_dir, pre.model.input_size, pre.model.neurons = str(pre_file), 8, 32
+  pre.num_classes = pre.classes_per_task = pre.model.num_classes = 100
+  experiment.train_and_evaluate(pre, tmp_path / "pretrain")
+  _, _, pre_counts = experiment.load_final_state(tmp_path / "pretrain" / "final_state.npz")
+
+  config = split_cifar.get_config("sdmlp,tiny")
+  config.data_dir, config.pretrained, config.seeds = str(cifar_file), str(tmp_path / "pretrain"), (0, 3)
+  config.model.input_size, config.model.neurons = 8, 32
+  results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
+  assert results["status"] == "finished" and results["tasks_finished"] == 5
+  assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
+  assert "embeddings" in results["dataset"]["source"] and not results["dataset"]["lossy"]
+  assert [s["class_order"] for s in results["per_seed"]] == [list(range(10)), [5, 4, 1, 2, 9, 6, 7, 0, 3, 8]]
+  _, params, counts = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
+  assert params["output"]["kernel"].shape == (2, 32, 10)  # X_v: a fresh 10-way layer per seed
+  assert np.all(counts >= pre_counts) and pre_counts.sum() > 0  # the GABA counters carried on
+  with np.load(tmp_path / "split_cifar" / "final_state.npz") as f:
+    assert f["epoch"].tolist() == [2 + 10, 2 + 10]  # the pretrain's 2 epochs + 5 tasks x 2
