@@ -481,7 +481,8 @@ def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> di
   (workdir / "results.json").write_text(json.dumps(results, indent=2))
   _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
        + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {len(seeds)} seeds)" if len(seeds) > 1 else "")
-       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}")
+       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+       + _lossy_note(tasks))
   return results
 
 
