@@ -50,11 +50,14 @@ _TABLE = flags.DEFINE_enum("table", "split_mnist", list(TABLES), "Which paper ta
 _ROWS = flags.DEFINE_list("rows", [], "Rows (config variants) to run; default: every row of the table.")
 _EPOCHS = flags.DEFINE_integer("epochs_per_task", 0, "Shorter schedule (0 = the paper's 500).")
 _ORACLE_EPOCHS = flags.DEFINE_integer("oracle_epochs", 0, "Epochs of the Oracle rows (0 = the config's).")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (run as one program per row).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (run as one program per row). CIFAR tables "
+                           "default to the config's: the reference's class orders 0 (ordinal), 3, 15, 27, 97.")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "Dataset folder (Fashion-MNIST); see the README.")
 _PRETRAINED_DIR = flags.DEFINE_string("pretrained_dir", "", "CIFAR tables: folder holding one "
                                       "experiments.pretrain workdir per pretrain variant.")
 _DATASET = flags.DEFINE_string("dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
+_INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Override every row's model.input_size (embeddings of "
+                                   "another width than 256); 0 = the config's.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
 
@@ -67,13 +70,18 @@ def main(argv):
   unknown = [r for r in rows if r not in module.ROWS]
   if unknown:
     raise app.UsageError(f"--rows: unknown {unknown}; {table} has {list(module.ROWS)}")
+  seeds = _SEEDS.value
+  if table in CONFIG_MODULES and not flags.FLAGS["seeds"].present:  # the reference's class orders
+    seeds = [str(s) for s in module.get_config(rows[0]).seeds]
   configs = {row: tables.row_config(module, row, epochs_per_task=_EPOCHS.value,
-                                    oracle_epochs=_ORACLE_EPOCHS.value, seeds=_SEEDS.value,
+                                    oracle_epochs=_ORACLE_EPOCHS.value, seeds=seeds,
                                     data_dir=_DATA_DIR.value)
              for row in rows}
   for config in configs.values():
     if _DATASET.value and config.model.kind != "flymodel":
       config.dataset = _DATASET.value
+    if _INPUT_SIZE.value:
+      config.model.input_size = _INPUT_SIZE.value
     if config.get("pretrain_variant") and _PRETRAINED_DIR.value:
       config.pretrained = str(pathlib.Path(_PRETRAINED_DIR.value) / config.pretrain_variant)
     if config.get("pretrained"):  # refuse a missing pretrain before spending an hour on the other rows
@@ -83,9 +91,10 @@ def main(argv):
              + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
              + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
              + (f" --dataset={_DATASET.value}" if _DATASET.value else "")
-             + f" --seeds={','.join(_SEEDS.value)}")
+             + (f" --input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
+             + f" --seeds={','.join(seeds)}")
   workdir = pathlib.Path(_WORKDIR.value)
-  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=_SEEDS.value, filename=f"{table}.md")
+  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=seeds, filename=f"{table}.md")
 
 
 if __name__ == "__main__":
