@@ -267,7 +267,7 @@ def on_8_devices(tmp_path_factory):
 
 def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capfd):
   """Cut the 8-device run back to its task-2 checkpoint; finish it here, on one device."""
-  from launch import sweep as sweep_lib
+  from launch import runner as sweep_lib
   from launch.configs import split_mnist as sweeps
   run = tmp_path / RUN
   shutil.copytree(on_8_devices, run)

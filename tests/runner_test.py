@@ -1,10 +1,10 @@
-"""Tests of launch.sweep: expansion of a sweep into runs, resumable sweeps, the summary table."""
+"""Tests of launch.runner (the library of launch.sweep): expansion of a sweep into runs, resumable sweeps, the summary table."""
 
 import json
 
 import pytest
 
-from launch import sweep as sweep_lib
+from launch import runner as sweep_lib
 from launch.configs import split_mnist as sweeps
 from sdm_jax import experiment
 
