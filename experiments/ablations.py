@@ -10,11 +10,15 @@ program into WORKDIR/<row>/, and a row that finished with the same config is
 not rerun, so an interrupted study resumes. Writes:
 
 * WORKDIR/ablations.md: per row the paper's Table 2 value, the measured final
-  accuracy (mean ± s.e.m. over seeds), forgetting, task-incremental accuracy
-  and the fraction of dead hidden units (no activation in the last epoch);
-* WORKDIR/dead_neurons.png: dead-unit fraction against training epoch per row
-  (the real-data counterpart of the appendix's stale-momentum figure: Adam and
-  RMSProp keep killing neurons, SGD does not);
+  accuracy (mean ± s.e.m. over seeds), forgetting, task-incremental accuracy,
+  the fraction of hidden units silent on the last task's training data (the
+  generic table's "dead" column: units kept for earlier tasks count too), and
+  below it the fraction truly DEAD at the end: no activation on any of the
+  10,000 test images of all classes (summed activation < 1e-4, reference §2),
+  computed from each seed's final_state.npz;
+* WORKDIR/dead_neurons.png: units silent on the current task's training data
+  against epoch, per row (the real-data counterpart of the appendix's
+  stale-momentum figure);
 * WORKDIR/final_accuracy.png: measured against the paper's value per row.
 """
 
@@ -67,12 +71,48 @@ def plot_dead_neurons(all_results: dict, path: pathlib.Path, *, epochs_per_task:
   for boundary in range(epochs_per_task, max(epochs) + 1, epochs_per_task):
     ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
   ax.set_xlabel("epoch (grey lines: task boundaries)")
-  ax.set_ylabel("dead hidden units (fraction)")
-  ax.set_title("Dead neurons during continual learning, per ablation")
+  ax.set_ylabel("hidden units silent on the current task")
+  ax.set_title("Units with no activation in an epoch of the current task, per ablation")
   ax.legend(fontsize=7, ncol=3)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
+  """Per seed: fraction of hidden units with summed activation < 1e-4 over the whole test set.
+
+  Reads WORKDIR/final_state.npz (every seed's final parameters and GABA
+  counters) and runs the hidden layer in evaluation mode over all test images
+  of all classes, so a unit kept for an earlier task is alive here.
+  """
+  from sdm_jax import analysis, data as data_lib, experiment
+
+  seeds, params, gaba_counts = experiment.load_final_state(workdir / "final_state.npz")
+  dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  spec = experiment.model_spec(config)
+  dead = []
+  for i in range(len(seeds)):
+    stats = analysis.neuron_statistics(analysis.seed_params(params, i), dataset["test_images"],
+                                       dataset["test_labels"], spec=spec, num_classes=config.num_classes,
+                                       gaba_counts=gaba_counts[i])
+    dead.append(analysis.dead_fraction(stats.activity_sum))
+  return dead
+
+
+def dead_table(all_results: dict, dead: dict, *, header: str) -> str:
+  def fmt(values):
+    values = np.asarray(values, float)
+    sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+    return f"{values.mean():.3f} ± {sem:.3f}"
+
+  lines = [header, "", "| row | final accuracy | silent on the last task (training data, last epoch) | "
+           "dead on the full test set (all classes) |", "|---|---|---|---|"]
+  for row, results in all_results.items():
+    per_seed = results["per_seed"]
+    lines.append(f"| {row} | {fmt([s['final_accuracy'] for s in per_seed])} | "
+                 f"{fmt([s['dead_fraction'] for s in per_seed])} | {fmt(dead[row])} |")
+  return "\n".join(lines) + "\n"
 
 
 def plot_final_accuracy(all_results: dict, configs: dict, path: pathlib.Path) -> None:
@@ -113,6 +153,14 @@ def main(argv):
   title = f"Table 2 ablations on Split {'MNIST' if _DATASET.value == 'mnist' else 'FashionMNIST'}"
   all_results = tables.run_rows(configs, workdir, title=title, command=command, seeds=_SEEDS.value,
                                    filename="ablations.md")
+  dead = {row: dead_on_test_set(workdir / row, configs[row]) for row in rows}
+  header = ("## Dead units\n\nMean ± s.e.m. over seeds. Silent = no activation during the last training "
+            "epoch (task 5's two classes); dead = summed activation < 1e-4 over all 10,000 test images "
+            "with the final weights.")
+  text = dead_table(all_results, dead, header=header)
+  with (workdir / "ablations.md").open("a") as f:
+    f.write("\n" + text)
+  print(text)
   plot_dead_neurons(all_results, workdir / "dead_neurons.png", epochs_per_task=_EPOCHS.value)
   plot_final_accuracy(all_results, configs, workdir / "final_accuracy.png")
   print(f"figures: {workdir / 'dead_neurons.png'}, {workdir / 'final_accuracy.png'}")

@@ -107,7 +107,7 @@ def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, 
             "the full test set after the last task (the paper's metric); forgetting = max over earlier "
             "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
             "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
-            "hidden units that never fired in the last epoch.\n\n"
+            "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
             f"Command: `{command}`\n\n" + HEADER + "\n" + "\n".join(lines) + "\n")
     (workdir / filename).write_text(text)
   print(text)

@@ -61,3 +61,24 @@ def test_row_configs_and_figures(tmp_path):
   ablations_main.plot_final_accuracy(fake, configs, tmp_path / "acc.png")
   for name in ("dead.png", "acc.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dead_on_test_set_matches_numpy_forward(tmp_path):
+  from experiments import tables
+  from sdm_jax import data as data_lib
+
+  config = ablations.with_epochs_per_task(ablations.get_config("relu,tiny"), 1)
+  config.model.neurons = 64
+  config.seeds = (0, 1)
+  tables.run_rows({"relu": config}, tmp_path, title="T", command="c", seeds=(0, 1))
+  dead = ablations_main.dead_on_test_set(tmp_path / "relu", config)
+
+  # Independent: relu(x W + b) in numpy over all 10,000 test images, summed per unit.
+  seeds, params, _ = experiment.load_final_state(tmp_path / "relu" / "final_state.npz")
+  x = data_lib.load_dataset("mnist")["test_images"].reshape(10_000, -1).astype(np.float64) / 255.0
+  for i in range(2):
+    hidden = np.maximum(x @ params["hidden"]["kernel"][i] + params["hidden"]["bias"][i], 0.0)
+    assert dead[i] == pytest.approx(np.mean(hidden.sum(0) < 1e-4))
+  table = ablations_main.dead_table({"relu": {"per_seed": [dict(final_accuracy=0.2, dead_fraction=0.5)] * 2}},
+                                    {"relu": [0.1, 0.3]}, header="h")
+  assert "| relu | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.200 ± 0.100 |" in table
