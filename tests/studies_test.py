@@ -1,12 +1,13 @@
-"""Table 2 ablation configs and the ablation runner's figures."""
+"""experiments.studies and the study configs: Table 2 ablations and the k frontier."""
 
 import pathlib
 
 import numpy as np
 import pytest
 
-from experiments import ablations as ablations_main
+from experiments import studies
 from experiments.configs import ablations
+from experiments.configs import k_frontier
 from sdm_jax import experiment
 
 
@@ -51,14 +52,14 @@ def test_schedule_and_dataset_options():
 
 
 def test_row_configs_and_figures(tmp_path):
-  configs = ablations_main.row_configs(["sgd", "lazy_adam"], dataset="mnist", epochs_per_task=4, seeds=["0", "2"])
+  configs = studies.ablation_configs(["sgd", "lazy_adam"], dataset="mnist", epochs_per_task=4, seeds=["0", "2"])
   assert configs["sgd"].seeds == (0, 2) and configs["lazy_adam"].epochs_per_task == 4
   curve = lambda seed, dead: [dict(seed=seed, epoch=e, dead_fraction=d) for e, d in zip(range(2, 21, 2), dead)]
   fake = {row: dict(summary=dict(final_accuracy_mean=0.5, final_accuracy_sem=0.01),
                     per_seed=[dict(curves=curve(0, np.linspace(0, 0.3, 10))), dict(curves=curve(2, np.zeros(10)))])
           for row in configs}
-  ablations_main.plot_dead_neurons(fake, tmp_path / "dead.png", epochs_per_task=4)
-  ablations_main.plot_final_accuracy(fake, configs, tmp_path / "acc.png")
+  studies.plot_dead_neurons(fake, tmp_path / "dead.png", epochs_per_task=4)
+  studies.plot_final_accuracy(fake, configs, tmp_path / "acc.png")
   for name in ("dead.png", "acc.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -71,7 +72,7 @@ def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   config.model.neurons = 64
   config.seeds = (0, 1)
   tables.run_rows({"relu": config}, tmp_path, title="T", command="c", seeds=(0, 1))
-  dead = ablations_main.dead_on_test_set(tmp_path / "relu", config)
+  dead = studies.dead_on_test_set(tmp_path / "relu", config)
 
   # Independent: relu(x W + b) in numpy over all 10,000 test images, summed per unit.
   seeds, params, _ = experiment.load_final_state(tmp_path / "relu" / "final_state.npz")
@@ -79,6 +80,48 @@ def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   for i in range(2):
     hidden = np.maximum(x @ params["hidden"]["kernel"][i] + params["hidden"]["bias"][i], 0.0)
     assert dead[i] == pytest.approx(np.mean(hidden.sum(0) < 1e-4))
-  table = ablations_main.dead_table({"relu": {"per_seed": [dict(final_accuracy=0.2, dead_fraction=0.5)] * 2}},
+  table = studies.dead_table({"relu": {"per_seed": [dict(final_accuracy=0.2, dead_fraction=0.5)] * 2}},
                                     {"relu": [0.1, 0.3]}, header="h")
   assert "| relu | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.200 ± 0.100 |" in table
+
+
+def test_k_frontier_rows_parse_and_validate():
+  assert k_frontier.parse_row("k30_ncl") == (30, True) and k_frontier.parse_row("k1") == (1, False)
+  for bad in ("k", "kx", "30", "k10_ncl_x"):
+    with pytest.raises(ValueError, match="k-frontier row"):
+      k_frontier.parse_row(bad)
+  for row in k_frontier.ROWS:
+    config = k_frontier.get_config(f"{row},quick")
+    experiment.validate_config(config)
+    k, ncl = k_frontier.parse_row(row)
+    assert config.model.k == k and config.model.kind == "sdmlp"
+    assert config.classes_per_task == (10 if ncl else 2)
+  with pytest.raises(ValueError, match="config.model.k"):
+    experiment.validate_config(k_frontier.get_config("k1000"))
+
+
+def test_k_frontier_configs_share_schedule_and_T():
+  configs = studies.k_frontier_configs([3, 10], epochs_per_task=10, seeds=["0", "1"])
+  assert list(configs) == ["k3_ncl", "k3", "k10_ncl", "k10"]
+  assert {c.epochs_per_task for c in configs.values()} == {10}
+  assert {c.model.gaba_switch_activations for c in configs.values()} == {5e6 * 10 / 500}
+  assert configs["k10"].seeds == (0, 1)
+
+
+def test_k_frontier_summary_markdown_and_plot(tmp_path):
+  def seed(final, first, forgetting, dead):
+    return dict(final_accuracy=final, acc_matrix=[[first, 0.0]], forgetting=forgetting, dead_fraction=dead)
+  results = {"k1": dict(per_seed=[seed(0.6, 0.99, 0.3, 0.1), seed(0.4, 0.97, 0.5, 0.3)]),
+             "k1_ncl": dict(per_seed=[seed(0.8, 0.8, 0, 0), seed(0.9, 0.9, 0, 0)]),
+             "k10": dict(per_seed=[seed(0.5, 1.0, 0.4, 0.0)] * 2),
+             "k10_ncl": dict(per_seed=[seed(0.95, 0.95, 0, 0)] * 2)}
+  summary = studies.k_frontier_summary(results, [1, 10])
+  assert summary[0]["k"] == 1
+  np.testing.assert_allclose(summary[0]["cl_accuracy"], (0.5, 0.1))  # std(ddof=1)=0.1414 / sqrt(2)
+  np.testing.assert_allclose(summary[0]["ncl_accuracy"], (0.85, 0.05))
+  np.testing.assert_allclose(summary[0]["first_task_accuracy"], (0.98, 0.01))
+  np.testing.assert_allclose(summary[1]["forgetting"], (0.4, 0.0))
+  text = studies.k_frontier_markdown(summary, header="# h")
+  assert "| 1 | 0.850 ± 0.050 | **0.500 ± 0.100** | 0.980 ± 0.010 | 0.400 ± 0.100 | 0.200 ± 0.100 |" in text
+  studies.plot_k_frontier(summary, tmp_path / "f.png")
+  assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
