@@ -28,7 +28,7 @@ Table 3, `split_cifar10_no_pretrain` = Table 4, `split_cifar100` = Table 6)
 are groups of rows of experiments/configs/split_cifar.py (`TABLE_ROWS`). A
 pretrained row loads `--pretrained_dir/<its pretrain variant>/`, the workdir of
 `python -m experiments.pretrain --config=experiments/configs/pretrain.py:<variant>`.
-`--dataset=cifar10_jpeg` runs pixel rows on the LOSSY JPEG stand-in.
+`--override_dataset=cifar10_jpeg` runs pixel rows on the LOSSY JPEG stand-in.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (run as one program 
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "Dataset folder (Fashion-MNIST); see the README.")
 _PRETRAINED_DIR = flags.DEFINE_string("pretrained_dir", "", "CIFAR tables: folder holding one "
                                       "experiments.pretrain workdir per pretrain variant.")
-_DATASET = flags.DEFINE_string("dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
-_INPUT_SIZE = flags.DEFINE_integer("input_size", 0, "Override every row's model.input_size (embeddings of "
+_DATASET = flags.DEFINE_string("override_dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
+_INPUT_SIZE = flags.DEFINE_integer("override_input_size", 0, "Override every row's model.input_size (embeddings of "
                                    "another width than 256); 0 = the config's.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
@@ -90,8 +90,8 @@ def main(argv):
              + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
              + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
              + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
-             + (f" --dataset={_DATASET.value}" if _DATASET.value else "")
-             + (f" --input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
+             + (f" --override_dataset={_DATASET.value}" if _DATASET.value else "")
+             + (f" --override_input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
              + f" --seeds={','.join(seeds)}")
   workdir = pathlib.Path(_WORKDIR.value)
   tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=seeds, filename=f"{table}.md")
