@@ -26,12 +26,6 @@ from absl import app, flags
 from sdm_jax import convmixer, data
 from sdm_jax.data import embeddings
 
-_EMBEDDER = flags.DEFINE_string("embedder", None, "train_convmixer workdir (or its embedder/ folder).")
-_DATASET = flags.DEFINE_string("dataset", "cifar10_jpeg", "Dataset name for sdm_jax.data.load_dataset.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data folder for the dataset (default: the loader's search).")
-_OUT = flags.DEFINE_string("out", None, "Output .npz (default: EMBEDDER/embeddings/<dataset>-<key>.npz).")
-_BATCH = flags.DEFINE_integer("batch_size", 1000, "Images per forward pass (a multiple of the device count).")
-
 
 def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
@@ -92,15 +86,26 @@ def embed_dataset(embedder, dataset: str, out=None, *, data_dir=None, batch_size
   return out, True
 
 
+def _define_flags() -> None:
+  """CLI flags, defined only when run as a script: importing this module (tests, other experiments)
+  must not add absl flags that clash with theirs in one process."""
+  flags.DEFINE_string("embedder", None, "train_convmixer workdir (or its embedder/ folder).")
+  flags.DEFINE_string("dataset", "cifar10_jpeg", "Dataset name for sdm_jax.data.load_dataset.")
+  flags.DEFINE_string("data_dir", None, "Data folder for the dataset (default: the loader's search).")
+  flags.DEFINE_string("out", None, "Output .npz (default: EMBEDDER/embeddings/<dataset>-<key>.npz).")
+  flags.DEFINE_integer("batch_size", 1000, "Images per forward pass (a multiple of the device count).")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not _EMBEDDER.value:
+  f = flags.FLAGS
+  if not f.embedder:
     raise app.UsageError("--embedder=DIR is required (a train_convmixer workdir)")
-  path, _ = embed_dataset(_EMBEDDER.value, _DATASET.value, _OUT.value, data_dir=_DATA_DIR.value,
-                          batch_size=_BATCH.value)
+  path, _ = embed_dataset(f.embedder, f.dataset, f.out, data_dir=f.data_dir, batch_size=f.batch_size)
   print(path)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -27,10 +27,6 @@ import orbax.checkpoint as ocp
 
 from sdm_jax import checkpoint, convmixer, data
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/convmixer.py:quick",
-                                          "Config file and variant, e.g. file.py:quick.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/convmixer", "Where results are written.")
-
 EMBEDDER_DIR = "embedder"
 
 
@@ -183,11 +179,20 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   return results
 
 
+def _define_flags() -> None:
+  """CLI flags, defined only when run as a script: importing this module (tests, experiments.embed)
+  must not add absl flags that clash with other experiments' in one process."""
+  config_flags.DEFINE_config_file("config", "experiments/configs/convmixer.py:quick",
+                                  "Config file and variant, e.g. file.py:quick.")
+  flags.DEFINE_string("workdir", "/tmp/sdm_jax/convmixer", "Where results are written.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -211,3 +211,10 @@ def test_tfds_missing_dataset_says_how_to_get_it(tfds, tmp_path):
 def test_unknown_kwargs_rejected_for_idx_names():
   with pytest.raises(TypeError, match='cache'):
     data.load_dataset('mnist', cache='/tmp')
+
+
+def test_manual_files_are_the_names_tfds_looks_for(tfds, tmp_path):
+  """TFDS takes a manual download only under the file name in its registered checksums."""
+  for name, spec in cifar.TFDS_DATASETS.items():
+    registered = {u.filename for u in tfds.builder(spec.tfds_name, data_dir=tmp_path).url_infos.values()}
+    assert set(cifar.MANUAL_FILES[name]) <= registered, name
