@@ -494,8 +494,9 @@ def save_final_state(path: pathlib.Path, states: train.TrainState, seeds) -> Non
   continual run started from this state keeps it, as the reference keeps `curr_ep`). Plain numpy,
   so any tool reads it.
   """
-  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts),
-            "epoch": np.asarray(states.epoch)}
+  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
+  if getattr(states, "epoch", None) is not None:  # (analysis tools may pass params and counters only)
+    arrays["epoch"] = np.asarray(states.epoch)
   for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
     arrays["params/" + "/".join(str(k.key) for k in keypath)] = np.asarray(leaf)
   np.savez(path, **arrays)
