@@ -30,28 +30,38 @@ def ablation_configs(rows, *, dataset: str, epochs_per_task: int, seeds, data_di
   return configs
 
 
+OPTIMIZER_ROWS = ("sgd", "sgdm", "adam", "rmsprop", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
+
+
 def plot_dead_neurons(all_results: dict, path: pathlib.Path, *, epochs_per_task: int) -> None:
-  """Dead-unit fraction (mean over seeds) against the global training epoch, one line per row."""
+  """Units silent on the current task (mean over seeds) against epoch: optimisers left, the rest right."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(8, 4.5))
-  colors = plt.cm.tab20(np.linspace(0, 1, max(len(all_results), 2)))  # 15 rows: no repeated colours
-  for color, (row, results) in zip(colors, all_results.items()):
-    curves = [s["curves"] for s in results["per_seed"] if s["curves"]]
-    if not curves:
-      continue
-    epochs = [c["epoch"] for c in curves[0]]
-    dead = np.mean([[c["dead_fraction"] for c in seed_curves] for seed_curves in curves], axis=0)
-    style = "--" if row.startswith("lazy_") else "-"
-    ax.plot(epochs, dead, style, color=color, label=row)
-  for boundary in range(epochs_per_task, max(epochs) + 1, epochs_per_task):
-    ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
-  ax.set_xlabel("epoch (grey lines: task boundaries)")
-  ax.set_ylabel("hidden units silent on the current task")
-  ax.set_title("Units with no activation in an epoch of the current task, per ablation")
-  ax.legend(fontsize=7, ncol=3)
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+  groups = ([r for r in all_results if r in OPTIMIZER_ROWS], [r for r in all_results if r not in OPTIMIZER_ROWS])
+  titles = ("(a) optimisers (dashed: lazy)", "(b) model ablations")
+  last_epoch = 0
+  for ax, rows, title in zip(axes, groups, titles):
+    colors = plt.cm.tab10(np.arange(10))
+    for i, row in enumerate(rows):
+      curves = [s["curves"] for s in all_results[row]["per_seed"] if s["curves"]]
+      if not curves:
+        continue
+      epochs = [c["epoch"] for c in curves[0]]
+      last_epoch = max(last_epoch, max(epochs))
+      dead = np.mean([[c["dead_fraction"] for c in seed_curves] for seed_curves in curves], axis=0)
+      base = row.removeprefix("lazy_")
+      color = colors[OPTIMIZER_ROWS.index(base) % 10] if row in OPTIMIZER_ROWS else colors[i % 10]
+      ax.plot(epochs, dead, "--" if row.startswith("lazy_") else "-", marker=".", color=color, label=row)
+    ax.set_title(title)
+    ax.set_xlabel("epoch (grey lines: task boundaries)")
+    ax.legend(fontsize=7)
+  for ax in axes:
+    for boundary in range(epochs_per_task, last_epoch + 1, epochs_per_task):
+      ax.axvline(boundary, color="0.8", lw=0.8, zorder=0)
+  axes[0].set_ylabel("hidden units silent on the current task's data")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
