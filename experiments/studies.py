@@ -57,7 +57,8 @@ def plot_dead_neurons(all_results: dict, path: pathlib.Path, *, epochs_per_task:
       ax.plot(epochs, dead, "--" if row.startswith("lazy_") else "-", marker=".", color=color, label=row)
     ax.set_title(title)
     ax.set_xlabel("epoch (grey lines: task boundaries)")
-    ax.legend(fontsize=7)
+    if rows:
+      ax.legend(fontsize=7)
   for ax in axes:
     for boundary in range(epochs_per_task, last_epoch + 1, epochs_per_task):
       ax.axvline(boundary, color="0.8", lw=0.8, zorder=0)
@@ -187,8 +188,8 @@ def plot_k_frontier(summary: list[dict], path: pathlib.Path) -> None:
   a.legend(fontsize=8)
   a.set_title("(a) accuracy against k")
   b.errorbar(ncl, cl, xerr=ncl_sem, yerr=cl_sem, fmt="o")
-  for k, x, y in zip(ks, ncl, cl):
-    b.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+  for i, (k, x, y) in enumerate(zip(ks, ncl, cl)):  # alternate label offsets: neighbours often coincide
+    b.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(4, 4 if i % 2 else -12), fontsize=8)
   b.set_xlabel("NCL accuracy")
   b.set_ylabel("CL final accuracy")
   b.set_title("(b) the k frontier")
