@@ -6,7 +6,8 @@ r"""SDMLP epoch time against the dense FLOP floor and PyTorch eager, measured in
 For each (input size n, neurons r) it measures, in this process:
 - the matmul rate R of the training-shaped product (batch x n) @ (n x r), jitted;
 - the dense floor of one epoch: 4 N n r / R (forward plus weight-gradient matmul, N examples);
-- one epoch of training (N = 12,665 examples, the size of MNIST task 0, batch 128, SGD lr 0.05,
+- one epoch of training (N = 12,665 examples: MNIST task 0 at n = 784, random pixels at other
+  sizes or with --data=random; batch 128, SGD lr 0.05,
   clip 1.0, the SDM projection) for: SDMLP after the GABA switch (k = 10) with the dense step and
   with the sparse step (`sdm_jax/sparse.py`), SDMLP during the switch (every neuron active),
   SDMLP with linear k annealing (traced k = 500, bisection threshold), the ReLU MLP, and, when
@@ -31,13 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sdm_jax import models, optim, sparse, train
+from sdm_jax import data, models, optim, sparse, train
 
 _INPUT_SIZES = flags.DEFINE_list("input_sizes", ["784"], "Input sizes n.")
 _NEURONS = flags.DEFINE_list("neurons", ["1000", "10000"], "Hidden widths r.")
 _EXAMPLES = flags.DEFINE_integer("examples", 12_665, "Examples per epoch (MNIST task 0 has 12,665).")
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per configuration (best is reported).")
+_DATA = flags.DEFINE_enum("data", "mnist", ["mnist", "random"], "Inputs at n = 784: MNIST task 0 (the "
+                          "embedded digits 0 and 1) or random pixels (other sizes are always random).")
 _THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (layers.kth_largest).")
 _MODES = flags.DEFINE_list("modes", ["switched", "sparse", "switching", "linear", "relu", "torch"],
                            "Which rows to time (torch is skipped when torch is not installed).")
@@ -82,7 +85,17 @@ def _spec(mode: str, n: int, r: int) -> models.ModelSpec:
   return models.sdmlp(n, r, 10, k=10, gaba_switch_activations=1000.0, threshold_method=_THRESHOLD.value)
 
 
+@functools.lru_cache(maxsize=None)
 def _data(n: int, examples: int):
+  """MNIST task 0 (digits 0 and 1, 12,665 examples: which neurons win, and how many distinct
+  ones a batch touches, is the real data's) at n = 784; random uint8 pixels at other sizes."""
+  if n == 784 and _DATA.value == "mnist":
+    ds = data.load_dataset("mnist")
+    in_task = ds["train_labels"] < 2
+    if examples > in_task.sum():
+      raise ValueError(f"--examples={examples}: MNIST task 0 has {in_task.sum()} examples")
+    x = ds["train_images"][in_task][:examples].reshape(1, examples, n)
+    return x, ds["train_labels"][in_task][:examples].reshape(1, examples).astype(np.int32)
   rng = np.random.default_rng(0)
   x = rng.integers(0, 256, (1, examples, n), dtype=np.uint8)
   y = rng.integers(0, 10, (1, examples), dtype=np.int32)

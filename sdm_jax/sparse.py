@@ -19,13 +19,20 @@ re-projection. The step therefore:
    values and indices of the (at most m) active units per example
    (`layers.top_values_and_indices`); logits from those units;
 2. backward by hand: d logits, then d a* for the k winners, d X_v as a scatter of
-   k rows per example, d X_a as a scatter of k address rows x_b * d a*_bj;
-3. global-norm clipping: a cheap upper bound on ||g|| (triangle inequality,
-   unit inputs) settles most steps (no clipping); otherwise the exact norm,
-   duplicates included: ||x^T dA||^2 = sum_i dA_i^T G dA_i with the Gram matrix
-   G = x x^T, summed over the touched columns only;
-4. the SGD update and the SDM projection (clamp >= 0, unit-norm addresses)
-   on the touched neuron rows only; X_v (r x classes, small) densely.
+   k rows per example;
+3. d X_a, clipping and the update, one of two ways (`SparseSGD.max_touched`):
+   - small layers (B * k >= r, e.g. 1K neurons): the batch's distinct neurons
+     (a few hundred of 1,000 on MNIST) are gathered once; their gradient rows
+     are one [touched, B] @ [B, n] matmul, whose squared sum is the exact
+     address part of the global norm; each row is updated, clamped >= 0,
+     normalised and written once;
+   - large layers (10K): d X_a as a scatter-add of k address rows
+     x_b * d a*_bj per example; for clipping a cheap upper bound on ||g||
+     (triangle inequality, unit inputs) settles most steps, otherwise the exact
+     norm, duplicates included: ||x^T dA||^2 = sum_i dA_i^T G dA_i with the
+     Gram matrix G = x x^T, over the touched columns only; then the SDM
+     projection on the touched rows only;
+4. X_v (r x classes, small) is updated and clamped densely.
 
 The addresses are carried neuron-major ([r, n]) inside a block of epochs, so a
 neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
@@ -33,7 +40,8 @@ columns); `train.make_train_block` transposes in and out once per block.
 
 A batch in which some example has more than m active units (early in the
 switch, lambda = -1 makes every unit fire; later, neurons short of +1 fire
-beyond the top k) is flagged, and `train.run_block` redoes the whole block of
+beyond the top k), or that touches more distinct neurons than the compact
+path holds, is flagged, and `train.run_block` redoes the whole block of
 epochs with the dense step from a copy of the state, so results are always
 exact. The dense path (`train.train_step`) stays for momentum optimisers,
 regularisers, biases, dropout, masks and linear annealing.
@@ -62,14 +70,34 @@ class SparseSGD(NamedTuple):
   top k) is flagged, and `train.run_block` redoes its block with the dense step, so
   the result is always exact. The
   scatters cost B * max_active rows, so a larger value is slower everywhere.
+
+  `max_touched` picks how the address rows are updated. 0: one scatter-add row
+  per (example, winner) slot, B * max_active rows. n > 0: the distinct neurons
+  of the batch (at most n; more is flagged like `max_active`) are gathered once,
+  their gradient rows are one [n, B] @ [B, inputs] matmul, and each is written
+  once. None (default): the compact path when B * max_active >= r (a small
+  layer, where the slots outnumber the neurons: 1,280 slots for 1K neurons, of
+  which MNIST batches touch <= 370; ~1.3x faster per step) with
+  n = max(r // 2, min(r, 256)), else the per-slot path (10K neurons: the same
+  speed, and no overflow).
   """
 
   learning_rate: float
   clip_norm: float | None = 1.0
   max_active: int | None = None
+  max_touched: int | None = None
 
   def capacity(self, spec: models.ModelSpec) -> int:
     return min(self.max_active or spec.k, spec.neurons)
+
+  def touched_capacity(self, spec: models.ModelSpec, batch: int) -> int:
+    """Static distinct-neuron capacity of the compact path, or 0 for the per-slot path."""
+    if self.max_touched is not None:
+      return min(self.max_touched, spec.neurons)
+    if batch * self.capacity(spec) < spec.neurons:
+      return 0
+    # Half the neurons (500 of 1K); all of a small layer (<= 256), whose batches touch most of it.
+    return max(spec.neurons // 2, min(spec.neurons, 256))
 
 
 def ineligibility(spec: models.ModelSpec, *, optimizer: str, weight_decay: float = 0.0,
@@ -139,18 +167,18 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
   else:
     most_active = jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
     hidden, winners = winners_after_switch()
-  state, stats = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
-  return state, stats + ((most_active <= capacity).astype(jnp.int32),)
+  state, stats, touched_fit = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
+  return state, stats + (((most_active <= capacity) & touched_fit).astype(jnp.int32),)
 
 
 def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   """The SGD step from the active units' values `hidden` [B, m] and indices `winners` [B, m].
 
-  Returns the new state and (loss sum, correct, activity sum [r], active count).
+  Returns the new state, (loss sum, correct, activity sum [r], active count),
+  and whether the batch's distinct neurons fitted the compact path's capacity.
   """
   addresses = state.params["hidden"]["kernel"]  # [r, n]
   values_kernel = state.params["output"]["kernel"]  # [r, classes]
-  batch = x.shape[0]
   validf = valid.astype(jnp.float32)
   hidden = hidden * validf[:, None]  # padded rows neither learn nor count
   gathered_values = values_kernel[winners]  # [B, m, classes]
@@ -165,44 +193,12 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   flat = winners.reshape(-1)
   d_values = jnp.zeros_like(values_kernel).at[flat].add(
       (hidden[:, :, None] * d_logits[:, None, :]).reshape(-1, spec.num_classes))
-
-  flat_d_hidden = d_hidden.reshape(-1)
   values_sq = jnp.sum(jnp.square(d_values))
 
-  def exact_norm():
-    # Column i of dX_a is x^T dA[:, i]; its squared norm is dA_i^T G dA_i with G = x x^T.
-    # Summing over the B*m selected slots counts neuron i once per slot, so each slot is
-    # divided by its neuron's multiplicity.
-    d_act = jnp.zeros((batch, spec.neurons), jnp.float32).at[jnp.arange(batch)[:, None], winners].add(d_hidden)
-    touched = d_act[:, flat]  # [B, B*m]
-    multiplicity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(1.0)[flat]
-    address_sq = jnp.sum(jnp.sum(touched * ((x @ x.T) @ touched), axis=0) / multiplicity)
-    return jnp.sqrt(address_sq + values_sq)
-
-  if sgd.clip_norm:
-    # Clipping only acts when ||g|| >= clip. A cheap upper bound decides most steps: with unit
-    # (or zero) inputs, ||x^T dA[:, i]|| <= sum_b |dA[b, i]| (triangle inequality). Only when
-    # the bound reaches the clip is the exact norm needed.
-    column_bound = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(jnp.abs(flat_d_hidden))
-    bound = jnp.sqrt(jnp.sum(jnp.square(column_bound)) + values_sq)
-    # (1 + 1e-5): inputs are unit norm only up to float rounding.
-    grad_norm = jax.lax.cond(bound * (1 + 1e-5) < sgd.clip_norm, lambda: bound, exact_norm)
-  step_size = sgd.learning_rate
-  if sgd.clip_norm:
-    # optax.clip_by_global_norm: g / ||g|| * max_norm when ||g|| >= max_norm (bound < clip
-    # implies ||g|| < clip, so the bound is never used as a divisor).
-    step_size = jnp.where(grad_norm < sgd.clip_norm, step_size,
-                          step_size * sgd.clip_norm / jnp.maximum(grad_norm, 1e-38))
-
-  # Update, then re-project only the touched address rows. The projected rows are written
-  # once per neuron (its first slot; the others are dropped), which lets XLA scatter
-  # without collision handling.
-  address_steps = (-step_size * d_hidden)[:, :, None] * x[:, None, :]  # [B, m, n]
-  addresses = addresses.at[flat].add(address_steps.reshape(-1, addresses.shape[1]))
-  slot = jnp.arange(flat.shape[0])
-  first_slot = jnp.full((spec.neurons,), flat.shape[0]).at[flat].min(slot)[flat] == slot
-  rows = layers.l2_normalize(jax.nn.relu(addresses[flat]), axis=-1)
-  addresses = addresses.at[jnp.where(first_slot, flat, spec.neurons)].set(rows, unique_indices=True, mode="drop")
+  touched_capacity = sgd.touched_capacity(spec, x.shape[0])
+  update = _update_touched_rows if touched_capacity else _update_slot_rows
+  addresses, step_size, touched_fit = update(addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd,
+                                             touched_capacity=touched_capacity)
   values_kernel = jax.nn.relu(values_kernel - step_size * d_values)
 
   fired = (hidden > 0).astype(jnp.float32)
@@ -214,4 +210,73 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(hidden.reshape(-1))
   stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
-  return new_state, stats
+  return new_state, stats, touched_fit
+
+
+def _clipped_step_size(grad_norm, sgd):
+  """optax.clip_by_global_norm then sgd: g / ||g|| * max_norm when ||g|| >= max_norm."""
+  if not sgd.clip_norm:
+    return sgd.learning_rate
+  return jnp.where(grad_norm < sgd.clip_norm, sgd.learning_rate,
+                   sgd.learning_rate * sgd.clip_norm / jnp.maximum(grad_norm, 1e-38))
+
+
+def _update_touched_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, touched_capacity):
+  """SGD + projection of the batch's distinct neurons: gather once, one matmul, write once.
+
+  The gradient rows of the touched neurons are C @ x with C [touched, B] the
+  per-example coefficients dA^T (duplicates summed by a scatter of B * m
+  scalars), so the exact gradient norm comes for free.
+  """
+  batch = x.shape[0]
+  coefficients = jnp.zeros((spec.neurons, batch), jnp.float32).at[winners, jnp.arange(batch)[:, None]].add(d_hidden)
+  present = jnp.zeros((spec.neurons,), jnp.int32).at[winners.reshape(-1)].max(1)
+  # Sorted distinct neuron ids, padded with the out-of-range id r (reads 0, writes dropped).
+  touched = jnp.nonzero(present, size=touched_capacity, fill_value=spec.neurons)[0]
+  gradient_rows = coefficients.at[touched].get(mode="fill", fill_value=0.0) @ x  # [touched, n]
+  step_size = _clipped_step_size(jnp.sqrt(jnp.sum(jnp.square(gradient_rows)) + values_sq), sgd)
+  rows = addresses.at[touched].get(mode="fill", fill_value=0.0)
+  rows = layers.l2_normalize(jax.nn.relu(rows - step_size * gradient_rows), axis=-1)
+  addresses = addresses.at[touched].set(rows, unique_indices=True, indices_are_sorted=True, mode="drop")
+  return addresses, step_size, jnp.sum(present) <= touched_capacity
+
+
+def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, touched_capacity):
+  """SGD + projection by one scatter-add row per (example, winner) slot (large layers)."""
+  del touched_capacity
+  batch = x.shape[0]
+  flat = winners.reshape(-1)
+  flat_d_hidden = d_hidden.reshape(-1)
+
+  def exact_norm():
+    # Column i of dX_a is x^T dA[:, i]; its squared norm is dA_i^T G dA_i with G = x x^T.
+    # Summing over the B*m selected slots counts neuron i once per slot, so each slot is
+    # divided by its neuron's multiplicity.
+    d_act = jnp.zeros((batch, spec.neurons), jnp.float32).at[jnp.arange(batch)[:, None], winners].add(d_hidden)
+    touched = d_act[:, flat]  # [B, B*m]
+    multiplicity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(1.0)[flat]
+    address_sq = jnp.sum(jnp.sum(touched * ((x @ x.T) @ touched), axis=0) / multiplicity)
+    return jnp.sqrt(address_sq + values_sq)
+
+  step_size = sgd.learning_rate
+  if sgd.clip_norm:
+    # Clipping only acts when ||g|| >= clip. A cheap upper bound decides most steps: with unit
+    # (or zero) inputs, ||x^T dA[:, i]|| <= sum_b |dA[b, i]| (triangle inequality). Only when
+    # the bound reaches the clip is the exact norm needed; bound < clip implies ||g|| < clip,
+    # so the bound is never used as a divisor.
+    column_bound = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(jnp.abs(flat_d_hidden))
+    bound = jnp.sqrt(jnp.sum(jnp.square(column_bound)) + values_sq)
+    # (1 + 1e-5): inputs are unit norm only up to float rounding.
+    step_size = _clipped_step_size(
+        jax.lax.cond(bound * (1 + 1e-5) < sgd.clip_norm, lambda: bound, exact_norm), sgd)
+
+  # Update, then re-project only the touched address rows. The projected rows are written
+  # once per neuron (its first slot; the others are dropped), which lets XLA scatter
+  # without collision handling.
+  address_steps = (-step_size * d_hidden)[:, :, None] * x[:, None, :]  # [B, m, n]
+  addresses = addresses.at[flat].add(address_steps.reshape(-1, addresses.shape[1]))
+  slot = jnp.arange(flat.shape[0])
+  first_slot = jnp.full((spec.neurons,), flat.shape[0]).at[flat].min(slot)[flat] == slot
+  rows = layers.l2_normalize(jax.nn.relu(addresses[flat]), axis=-1)
+  addresses = addresses.at[jnp.where(first_slot, flat, spec.neurons)].set(rows, unique_indices=True, mode="drop")
+  return addresses, step_size, jnp.bool_(True)

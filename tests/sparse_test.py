@@ -41,14 +41,15 @@ def test_top_values_and_indices_match_a_sort(ties, r):
     layers.top_values_and_indices(jnp.zeros((2, 5)), 6)
 
 
-def test_run_block_is_exact_through_the_gaba_switch():
+@pytest.mark.parametrize("max_touched", [0, 60])
+def test_run_block_is_exact_through_the_gaba_switch(max_touched):
   """From lambda = -1 (every unit fires: dense) through the switch (sparse blocks), same training."""
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 60, 10, k=4, gaba_switch_activations=1000.0)
   tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_active=12))
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_active=12, max_touched=max_touched))
   a = train.init_states(np.array([0]), spec=spec, tx=tx)
   b = train.init_states(np.array([0]), spec=spec, tx=tx)
   ran = []
@@ -70,18 +71,19 @@ def _switched_states(spec, tx, seeds):
   return states
 
 
+@pytest.mark.parametrize("max_touched", [0, 40])  # per-slot scatters; distinct rows + matmul
 @pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"),
                                                      (None, 0.3, "flat")])
-def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule):
+def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched):
   """Same params, counters and metrics as the dense step, with neurons shared across each batch
-  (40 neurons, k = 5, batch 64: every batch picks most neurons many times)."""
+  (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on both address paths."""
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
   tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
                             projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm))
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched))
   a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
   for task in range(2):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
@@ -98,8 +100,9 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule):
   assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
 
 
+@pytest.mark.parametrize("max_touched", [0, 12])
 @pytest.mark.parametrize("clip_factor", [0.01, 1.05, 1e3])
-def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor):
+def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor, max_touched):
   """One step: the (clipped) update equals optax's, where several examples share neurons.
 
   clip = factor x the true gradient norm: 0.01 clips (exact norm); 1e3 is settled by the
@@ -117,10 +120,33 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor)
   tx = optim.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
   state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
-  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, clip_norm)))
+  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched)))
   fast, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), xb, yb, valid)
   assert int(stats[-1]) == 1  # the step was exact
   chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
+
+
+def test_automatic_address_path_and_touched_overflow():
+  """1K neurons x batch 128 x k 10 takes the compact path (r // 2 rows); 10K the per-slot one.
+  A batch touching more distinct neurons than the compact path holds is flagged, and
+  `run_block` redoes the block densely: still the dense result."""
+  sgd = sparse.SparseSGD(0.05)
+  assert sgd.touched_capacity(models.sdmlp(784, 1000, 10, k=10), 128) == 500
+  assert sgd.touched_capacity(models.sdmlp(784, 10_000, 10, k=10), 128) == 0
+  assert sparse.SparseSGD(0.05, max_touched=0).touched_capacity(models.sdmlp(784, 1000, 10, k=10), 128) == 0
+  x, y, sizes = _mnist_task()
+  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=500.0)
+  tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False)
+  dense = train.make_train_block(**kwargs)
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_touched=3))
+  a, metrics = fast(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
+  assert float(metrics.sparse_fraction[0, -1]) == 0.0  # every batch of 64 touches more than 3 neurons
+  a, _ = dense(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
+  b, _, ran_sparse = train.run_block(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0),
+                                     dense_block=dense, sparse_block=fast)
+  assert not ran_sparse
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec,optimizer,reason", [
