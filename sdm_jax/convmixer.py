@@ -23,8 +23,9 @@ batch, like a single-device run).
 Synopsis::
 
     model = ConvMixer(num_classes=10)
-    state = init_state(jax.random.key(0), model, make_optimizer(lr=0.01, ...))
-    state, metrics = jax.jit(functools.partial(train_step, model=model, tx=tx))(state, images, labels)
+    tx = make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)
+    state = init_state(jax.random.key(0), model, tx)
+    state, metrics = jax.jit(functools.partial(train_step, model=model, tx=tx, aug={}))(state, images, labels)
     embeddings, logits = apply_eval(model, state, images)   # uint8 images -> float32 [B, 256], [B, C]
 """
 

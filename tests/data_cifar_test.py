@@ -175,6 +175,49 @@ def test_tfds_imagenet32_uses_validation_and_keeps_tfds_labels(tfds):
   assert ds['source'].startswith('tfds:imagenet_resized/32x32')
 
 
+class _BatchedSource:
+  """A TFDS-like random-access source that only allows batched reads.
+
+  Real ArrayRecord sources are read through `__getitems__`; under
+  `tfds.testing.mock_data` that call raises TypeError and the loader falls
+  back to one read per example, so the mock never runs the batched path.
+  """
+
+  def __init__(self, n, split):
+    self.n, self.split, self.batches = n, split, []
+
+  def __len__(self):
+    return self.n
+
+  def __getitem__(self, i):
+    raise AssertionError('read one example at a time; expected batched reads')
+
+  def __getitems__(self, keys):
+    self.batches.append(len(keys))
+    return [dict(image=np.full((32, 32, 3), k % 251, np.uint8), label=(k * 7) % 1000) for k in keys]
+
+
+def test_tfds_batched_reads_the_path_real_files_take(tfds, monkeypatch):
+  sources = {}
+
+  def data_source(name, split, download, data_dir):
+    assert (name, data_dir) == ('imagenet_resized/32x32', 'gs://bucket/tfds')
+    sources[split] = _BatchedSource(8192 + 5 if split == 'train' else 3, split)  # crosses a chunk
+    return sources[split]
+
+  monkeypatch.setattr(tfds, 'data_source', data_source)
+  ds = data.load_dataset('imagenet32', data_dir='gs://bucket/tfds')
+  assert set(sources) == {'train', 'validation'}
+  assert sources['train'].batches == [8192, 5] and sources['validation'].batches == [3]
+  n = 8192 + 5
+  assert ds['train_images'].shape == (n, 32, 32, 3) and ds['train_images'].dtype == np.uint8
+  np.testing.assert_array_equal(ds['train_images'][:, 5, 7, 2], np.arange(n) % 251)
+  np.testing.assert_array_equal(ds['train_labels'], (np.arange(n) * 7) % 1000)
+  assert ds['train_labels'].dtype == np.int32
+  assert ds['test_labels'].tolist() == [0, 7, 14]
+  assert ds['source'] == 'tfds:imagenet_resized/32x32 (gs://bucket/tfds)'
+
+
 def test_tfds_label_offset_and_range_check(tfds, monkeypatch):
   monkeypatch.setitem(cifar.TFDS_DATASETS, 'cifar10',
                       cifar.TfdsDataset('cifar10', 'test', 10, label_offset=-5))

@@ -167,3 +167,21 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   assert np.all(counts >= pre_counts) and pre_counts.sum() > 0  # the GABA counters carried on
   with np.load(tmp_path / "split_cifar" / "final_state.npz") as f:
     assert f["epoch"].tolist() == [2 + 10, 2 + 10]  # the pretrain's 2 epochs + 5 tasks x 2
+
+
+def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path):
+  """Table 3's path on TFDS mock data: an ImageNet32-pixel pretrain (TFDS imagenet_resized/32x32, 3072
+  inputs), then a pixel row of Split CIFAR-10 (TFDS cifar10) starting from it."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=20):
+    pre = pretrain.get_config("pixels_sdmlp_k1,tiny")
+    pre.model.neurons = 16
+    pre_results = experiment.train_and_evaluate(pre, tmp_path / "pretrain")
+    config = split_cifar.get_config("pixels_sdmlp_k1,tiny")
+    config.model.neurons, config.pretrained, config.seeds = 16, str(tmp_path / "pretrain"), (3,)
+    results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
+  assert pre_results["dataset"]["source"] == "tfds:imagenet_resized/32x32"
+  assert results["dataset"]["source"] == "tfds:cifar10" and results["tasks_finished"] == 5
+  assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
+  _, params, _ = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
+  assert params["hidden"]["kernel"].shape == (1, 3072, 16) and params["output"]["kernel"].shape == (1, 16, 10)
