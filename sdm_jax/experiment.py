@@ -11,6 +11,13 @@ Outputs in `workdir` (DESIGN §3): `config.json`, `results.json` (per seed: the
 accuracy matrix `acc[after_task][on_task]`, the task-incremental matrix,
 final full-test accuracy, curves, dead-neuron fraction; the run's wall time)
 and `metrics.csv` (one row per seed per evaluation, for plotting).
+
+Runs on embedding files also record the file's identity (`data_identity`:
+its embedder key, or a sha256 when it has none) in results.json, in every
+checkpoint and in final_state.npz: config.json holds only the path, and a
+file can be re-embedded in place. A resumed run whose file changed is
+refused, and so is a pretrained run whose pretrain saw another embedder
+(`pretrained.check_same_embedder`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import numpy as np
 from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
 from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, pretrained, regularizers, sparse, train
+from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
 # checked when loaded; `data_dir` = the embedding file, sdm_jax/data/embeddings.py).
@@ -191,6 +199,39 @@ def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
                               momentum=o.momentum, weight_decay=o.weight_decay, projection=projection)
 
 
+def data_identity(config: ml_collections.ConfigDict) -> dict | None:
+  """The run's data file beyond its path (`embeddings.identity`), or None for the pixel datasets.
+
+  Only embedding files are fingerprinted: they are the files that get
+  remade in place (a retrained embedder), and they carry their key, so this is
+  cheap. The pixel loaders check their own files; hashing them every run would not be.
+  """
+  if config.dataset != "embeddings" or not config.get("data_dir"):
+    return None
+  return embeddings.identity(config.data_dir)
+
+
+def check_same_data(progress: dict, identity: dict | None, where: pathlib.Path) -> str | None:
+  """Raises ValueError if the data file is not the one the checkpoint at `where` was trained on.
+
+  The config comparison sees only the path. The identities are compared
+  without the file's absolute path (the same file may be reached another way).
+  Returns a line for the log when the checkpoint predates the record, else None.
+  """
+  if "data_identity" not in progress:  # saved by an older version
+    if identity is None:
+      return None
+    return f"{where} does not record its data file's identity (saved by an older version); data not checked"
+  content = lambda d: {k: v for k, v in (d or {}).items() if k != "file"}
+  saved = progress["data_identity"]
+  if content(saved) != content(identity):
+    file = (identity or saved)["file"]
+    raise ValueError(f"refusing to resume {where}: the data file {file} changed since the checkpoint was "
+                     f"saved (then {content(saved) or 'none'}, now {content(identity) or 'none'}). Restore the "
+                     f"old file, or start fresh: delete {where.parent} or use a new --workdir")
+  return None
+
+
 def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the dataset and returns padded per-task arrays on the device.
 
@@ -257,17 +298,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
     pre = pretrained.load(config.pretrained, config.get("pretrained_index", 0))
     pretrained.check_compatible(config, pre)
+  identity = data_identity(config)  # once per session: a keyless file is hashed
+  if pre is not None:
+    note = pretrained.check_same_embedder(pre, identity)
+    if note:
+      _log(note)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
   if is_main:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
   if config.model.kind == "flymodel":
-    return run_flymodel(config, workdir)
+    return run_flymodel(config, workdir, identity=identity)
 
   spec = model_spec(config)
   tx = make_tx(config, spec)
   tasks = build_tasks(config)
+  tasks["identity"] = identity
   num_tasks = config.num_classes // config.classes_per_task
   seeds = list(config.seeds)
   num_seeds = len(seeds)
@@ -317,6 +364,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, num_seeds, mesh), config_dict)
   if restored is not None:
     states, progress = restored
+    where = pathlib.Path(checkpoints.directory) / str(checkpoints.latest_step())
+    note = check_same_data(progress, identity, where)
+    if note:
+      _log(note)
     states = mesh_lib.pad(states, mesh)
     blocks_done, elapsed_before = progress["blocks_done"], progress["elapsed_s"]
     acc[:], acc_task_il[:] = np.asarray(progress["acc"]), np.asarray(progress["acc_task_il"])
@@ -329,7 +380,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   def save_checkpoint():
     progress = dict(blocks_done=blocks_done, elapsed_s=elapsed_before + time.time() - start,
                     acc=acc.tolist(), acc_task_il=acc_task_il.tolist(), curves=curves,
-                    sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at)
+                    sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at,
+                    data_identity=identity)
     checkpoint.save(checkpoints, blocks_done, mesh_lib.unpad(states, num_seeds, mesh), progress, config_dict)
 
   csv_path = workdir / "metrics.csv"
@@ -433,7 +485,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     status = "finished"
     final_states = mesh_lib.to_host(mesh_lib.unpad(states, num_seeds, mesh))  # (every process gathers)
     if is_main:
-      save_final_state(workdir / "final_state.npz", final_states, seeds)
+      save_final_state(workdir / "final_state.npz", final_states, seeds, data=identity)
   except BaseException as e:
     if status == "running":
       status = "failed"
@@ -449,15 +501,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   return results
 
 
-def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *,
+                 identity: dict | None = None) -> dict:
   """FlyModel (reference §5): one closed-form pass per task, every seed in one vmapped program.
 
   `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
   learning rate `optimizer.learning_rate`; epochs, batch size and the
-  optimiser do not apply (one pass, no backpropagation).
+  optimiser do not apply (one pass, no backpropagation). `identity`: the data
+  file's (`data_identity`), recorded in results.json.
   """
   start = time.time()
   tasks = build_tasks(config)
+  tasks["identity"] = identity
   num_tasks = config.num_classes // config.classes_per_task
   seeds = list(config.seeds)
   m = config.model
@@ -486,15 +541,18 @@ def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> di
   return results
 
 
-def save_final_state(path: pathlib.Path, states: train.TrainState, seeds) -> None:
+def save_final_state(path: pathlib.Path, states: train.TrainState, seeds, *, data: dict | None = None) -> None:
   """The trained parameters and GABA counters of every seed, for analysis (experiments.analyze).
 
   Keys: "seeds" [S]; "params/hidden/kernel" [S, n, r], "params/output/kernel" [S, r, C]
   (and biases when the model has them); "gaba_counts" [S, r]; "epoch" [S] (epochs trained: a
   continual run started from this state keeps it, as the reference keeps `curr_ep`). Plain numpy,
-  so any tool reads it.
+  so any tool reads it. "data" (only when `data` is given): the training data file's identity
+  (`data_identity`) as a JSON string, which `pretrained.load` reads to check the embedder.
   """
   arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
+  if data is not None:
+    arrays["data"] = np.asarray(json.dumps(data, sort_keys=True))
   if getattr(states, "epoch", None) is not None:  # (analysis tools may pass params and counters only)
     arrays["epoch"] = np.asarray(states.epoch)
   for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
@@ -545,7 +603,8 @@ def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status,
                  num_seeds=len(seeds))
   return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
               epochs_per_task=config.epochs_per_task, tasks_finished=finished_tasks,
-              dataset=dict(name=config.dataset, source=tasks["source"], lossy=tasks.get("lossy", False)),
+              dataset=dict(name=config.dataset, source=tasks["source"], lossy=tasks.get("lossy", False),
+                           identity=tasks.get("identity")),
               pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
               model=dict(kind=config.model.kind, neurons=config.model.neurons,
                          k=spec.k if spec else None, k_schedule=spec.k_schedule if spec else None,

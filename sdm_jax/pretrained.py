@@ -8,10 +8,17 @@ layer that learns the class labels, is replaced by a fresh default-initialised
 layer (PyTorch uniform +-1/sqrt(r), no bias for the SDMLP), clamped >= 0 for
 positive-weight models. The optimiser state is fresh (reference §3).
 
+A pretrain on embeddings records its data file's identity (with the
+embedder key) in final_state.npz; a continual run on embeddings from another
+embedder is refused (`check_same_embedder`): the hidden layer's addresses
+live in the pretrain's embedding space, so new embeddings would be
+silently meaningless to it.
+
 Synopsis::
 
     pre = pretrained.load("/tmp/pretrain_sdmlp")            # a pretrain workdir or its final_state.npz
     pretrained.check_compatible(config, pre)                 # ValueError naming config.model.<field>
+    note = pretrained.check_same_embedder(pre, embeddings.identity(config.data_dir))  # ValueError or a log line
     states = train.init_states(seeds, spec=spec, tx=tx)      # fresh output layers, one per seed
     states = pretrained.start_from(states, pre, tx=tx)
 
@@ -53,6 +60,8 @@ class Pretrained:
     epoch: epochs trained so far (the reference's `curr_ep`).
     model: the pretrain config's `model` fields (None if its config.json is missing).
     path: the file read.
+    data: the identity of the pretrain's training data file (`embeddings.identity`: file, embedder_key,
+      ...), or None (pixels, or a pretrain saved before it was recorded).
   """
 
   hidden: dict
@@ -60,6 +69,7 @@ class Pretrained:
   epoch: int
   model: dict | None
   path: pathlib.Path
+  data: dict | None = None
 
 
 def resolve(path: str | pathlib.Path) -> pathlib.Path:
@@ -89,9 +99,10 @@ def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
     hidden = {name.split("/")[-1]: f[name][index] for name in names if name.startswith("params/hidden/")}
     epoch = int(f["epoch"][index]) if "epoch" in names else 0
     counts = f["gaba_counts"][index]
+    data = json.loads(str(f["data"])) if "data" in names else None
   config_file = file.parent / "config.json"
   model = json.loads(config_file.read_text())["model"] if config_file.is_file() else None
-  return Pretrained(hidden=hidden, gaba_counts=counts, epoch=epoch, model=model, path=file)
+  return Pretrained(hidden=hidden, gaba_counts=counts, epoch=epoch, model=model, path=file, data=data)
 
 
 def check_compatible(config, pre: Pretrained) -> None:
@@ -122,6 +133,43 @@ def check_compatible(config, pre: Pretrained) -> None:
       raise ValueError(f"config.model.{field}: {m[field]!r}, but {where} was pretrained with "
                        f"{pre.model[field]!r} ({pre.path.parent / 'config.json'}); the reference inherits it "
                        f"from the checkpoint: set --config.model.{field}={pre.model[field]!r}")
+
+
+def _key(identity: dict | None) -> str | None:
+  return (identity or {}).get("embedder_key")
+
+
+def check_same_embedder(pre: Pretrained, data: dict | None) -> str | None:
+  """Raises ValueError if the pretrain and this run's data were embedded by different embedders.
+
+  Args:
+    pre: the pretrain (its `data` is the identity of its training file).
+    data: the identity of this run's data file (`embeddings.identity`), None for pixels.
+
+  Returns:
+    A line for the log when only one side records an embedder key (pixels, or
+    an older or hand-made file), so nothing could be checked; else None.
+  """
+  theirs, ours = _key(pre.data), _key(data)
+  if theirs and ours and theirs != ours:
+    raise ValueError(
+        f"config.pretrained: {pre.path} was pretrained on {pre.data.get('file')} (embedder key {theirs}), "
+        f"but config.data_dir {data.get('file')} was embedded by another embedder (key {ours}): the pretrained "
+        "addresses do not live in this embedding space. Embed CIFAR with the pretrain's embedder, or pretrain "
+        "again on embeddings from the new one (experiments.embed, then experiments.pretrain)")
+  if bool(theirs) != bool(ours):
+    pre_side = f"the pretrain {pre.path} ({_describe(pre.data)})"
+    run_side = f"this run's data ({_describe(data)})"
+    has, lacks = (pre_side, run_side) if theirs else (run_side, pre_side)
+    return (f"embedder not checked: {has} records an embedder key, {lacks} does not "
+            "(pixels, or an embedding file or pretrain made without one)")
+  return None
+
+
+def _describe(identity: dict | None) -> str:
+  if not identity:
+    return "pixels or unrecorded"
+  return f"{identity.get('file')}, embedder key {_key(identity)}" if _key(identity) else str(identity.get("file"))
 
 
 def start_from(states: train.TrainState, pre: Pretrained, *, tx: optax.GradientTransformation,

@@ -1,5 +1,8 @@
 """Tests of sdm_jax.data.embeddings: embedding files as datasets."""
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 
@@ -48,3 +51,18 @@ def test_missing_or_bad_file_says_how_to_make_one(tmp_path):
   with pytest.raises(idx.DataError, match='expected float32'):
     data.load_dataset('embeddings', data_dir=tmp_path / 'pixels.npz')
   assert embeddings.read_meta(tmp_path / 'nope.npz') is None
+
+
+def test_identity_is_the_key_or_else_a_sha256(tmp_path):
+  """What a run records about its data file: the metadata when it has a key, else the file's bytes."""
+  keyed = embeddings.identity(_write(tmp_path / 'keyed.npz'))
+  assert keyed == dict(file=str(tmp_path / 'keyed.npz'), embedder_key='abc123', dataset='cifar10_jpeg',
+                       dataset_source=META['dataset_source'])
+  old = {k: v for k, v in META.items() if k not in ('embedder', 'embedder_key')}
+  np.savez(tmp_path / 'old.npz', train_images=np.ones((2, 4), np.float32), train_labels=np.arange(2),
+           test_images=np.ones((2, 4), np.float32), test_labels=np.arange(2), meta=json.dumps(old))
+  keyless = embeddings.identity(tmp_path / 'old.npz')
+  assert keyless == dict(file=str(tmp_path / 'old.npz'),
+                         sha256=hashlib.sha256((tmp_path / 'old.npz').read_bytes()).hexdigest())
+  assert 'key none' in data.load_dataset('embeddings', data_dir=tmp_path / 'old.npz')['source']  # still loads
+  assert embeddings.identity(tmp_path / 'nope.npz') is None

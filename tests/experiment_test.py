@@ -1,12 +1,14 @@
 """End-to-end tests of sdm_jax.experiment: config validation, outputs, non-finite stop."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
 from sdm_jax import experiment
+from sdm_jax.data import embeddings
 
 
 def _set(config, field, value):
@@ -156,3 +158,45 @@ def test_flymodel_row_through_the_runner(tmp_path):
     assert acc.shape == (5, 5) and np.all(np.triu(acc, 1) == 0)  # unseen tasks score 0
     assert seed_result["final_accuracy"] >= 0.70
     assert "acc_matrix_task_incremental" not in seed_result
+
+
+def _embedding_file(path, *, key="aaa111", shift=0.0):
+  """Eight-dim separable features for ten classes; key None: an older or hand-made file (no embedder key)."""
+  rng = np.random.default_rng(0)
+  means = rng.normal(size=(10, 8)) * 3
+  y = np.repeat(np.arange(10), 6)
+  x = (means[y] + rng.normal(size=(60, 8)) + shift).astype(np.float32)
+  meta = dict(dataset="cifar10", dataset_source="synthetic", lossy=False, embedder="/convmixer", dim=8,
+              embedder_key=key)
+  if key is None:
+    del meta["embedder_key"]
+    np.savez(path, train_images=x, train_labels=y, test_images=x, test_labels=y, meta=json.dumps(meta))
+    return path
+  return embeddings.save_embeddings(path, train_embeddings=x, train_labels=y, test_embeddings=x,
+                                    test_labels=y, meta=meta)
+
+
+@pytest.mark.parametrize("key", ["aaa111", None])
+def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, capfd, key):
+  """config.json holds the data path only; the file's identity (its key, else a sha256) is checked too."""
+  data_file = _embedding_file(tmp_path / "emb.npz", key=key)
+  config = _tiny("relu", dataset="embeddings", data_dir=str(data_file), **{"model.input_size": 8,
+                                                                           "model.neurons": 16})
+  results = experiment.train_and_evaluate(config, tmp_path / "run")
+  assert results["status"] == "finished"
+  assert set(results["dataset"]["identity"]) >= ({"embedder_key"} if key else {"sha256"})
+  experiment.train_and_evaluate(config, tmp_path / "run")  # the same file: resumes
+  assert "resuming from" in capfd.readouterr().err
+  _embedding_file(data_file, key=key and "bbb222", shift=1.0)  # re-embedded in place
+  with pytest.raises(ValueError, match=r"(?s)refusing to resume .*checkpoints/\d+: the data file "
+                     r".*emb\.npz changed .*start fresh: delete .*checkpoints or use a new --workdir"):
+    experiment.train_and_evaluate(config, tmp_path / "run")
+
+
+def test_checkpoints_without_a_data_identity_resume_with_a_note():
+  where = pathlib.Path("/w/checkpoints/5")
+  identity = dict(file="/e.npz", embedder_key="aaa111")
+  assert "does not record its data file's identity" in experiment.check_same_data({}, identity, where)
+  assert experiment.check_same_data({}, None, where) is None  # pixels, before and now
+  moved = dict(identity, file="/mnt/e.npz")  # the same file reached by another path
+  assert experiment.check_same_data({"data_identity": identity}, moved, where) is None

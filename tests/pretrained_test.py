@@ -22,15 +22,16 @@ def _config(**model):
   return config
 
 
-def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300):
-  """A pretrain workdir as experiment.save_final_state + config.json leave it (random numpy arrays)."""
+def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300, data=None):
+  """A pretrain workdir as experiment.save_final_state + config.json leave it (random numpy arrays);
+  `data`: the identity of its training file."""
   rng = np.random.default_rng(0)
   m, s = config.model, len(seeds)
   states = types.SimpleNamespace(
       params={"hidden": {"kernel": rng.random((s, m.input_size, m.neurons), np.float32)},
               "output": {"kernel": rng.random((s, m.neurons, 1000), np.float32)}},
       gaba_counts=(rng.random((s, m.neurons)) * 1e6).astype(np.float32), epoch=np.full((s,), epoch, np.int32))
-  experiment.save_final_state(tmp_path / "final_state.npz", states, seeds)
+  experiment.save_final_state(tmp_path / "final_state.npz", states, seeds, data=data)
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   return states
 
@@ -93,6 +94,29 @@ def test_missing_file_wrong_index_and_head_fields_that_may_differ(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(saved))
   with pytest.raises(ValueError, match=r"config\.model\.kind: 'sdmlp', but .* 'relu'"):
     pretrained.check_compatible(config, pretrained.load(tmp_path))
+
+
+def test_embeddings_from_another_embedder_are_refused_naming_both_files_and_keys(tmp_path):
+  imagenet = dict(file="/emb/imagenet32.npz", embedder_key="aaa111", dataset="imagenet32")
+  _write_pretrain(tmp_path, _config(), data=imagenet)
+  pre = pretrained.load(tmp_path)
+  assert pre.data == imagenet  # read back from final_state.npz
+  cifar = dict(file="/emb/cifar10.npz", embedder_key="bbb222", dataset="cifar10")
+  with pytest.raises(ValueError, match=r"config\.pretrained: .*final_state\.npz was pretrained on "
+                     r"/emb/imagenet32\.npz \(embedder key aaa111\), but config\.data_dir /emb/cifar10\.npz "
+                     r"was embedded by another embedder \(key bbb222\)"):
+    pretrained.check_same_embedder(pre, cifar)
+  assert pretrained.check_same_embedder(pre, dict(cifar, embedder_key="aaa111")) is None  # same embedder
+  # One side without a key (pixels, an older or hand-made file): not checked, and the note says so.
+  note = pretrained.check_same_embedder(pre, dict(file="/emb/old.npz", sha256="c0ffee"))
+  assert note.startswith("embedder not checked: the pretrain") and "aaa111" in note and "/emb/old.npz" in note
+  assert "this run's data (pixels" in pretrained.check_same_embedder(pre, None)
+  _write_pretrain(tmp_path, _config())  # a pretrain saved without its data's identity (older, or pixels)
+  old = pretrained.load(tmp_path)
+  assert old.data is None and pretrained.check_same_embedder(old, None) is None
+  assert pretrained.check_same_embedder(old, cifar).startswith(
+      "embedder not checked: this run's data (/emb/cifar10.npz, embedder key bbb222) records an embedder key, "
+      "the pretrain")
 
 
 def test_float_features_are_used_as_they_are():

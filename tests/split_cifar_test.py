@@ -1,6 +1,8 @@
 """experiments.configs.pretrain / split_cifar; the train_convmixer -> embed -> pretrain -> split_cifar chain."""
 
+import json
 import logging
+import types
 
 import jax
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from experiments.configs import pretrain, split_cifar
 from sdm_jax import data as data_lib
 from sdm_jax import experiment
+from sdm_jax.data import embeddings
 
 
 def _fake_dataset(num_classes, dim=256, per_class=12, test_per_class=4, seed=0, lossy=True):
@@ -161,6 +164,7 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   assert results["status"] == "finished" and results["tasks_finished"] == 5
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
   assert "embeddings" in results["dataset"]["source"] and not results["dataset"]["lossy"]
+  assert results["dataset"]["identity"]["embedder_key"] == embed.embedder_key(tmp_path / "convmixer")  # checked
   assert [s["class_order"] for s in results["per_seed"]] == [list(range(10)), [5, 4, 1, 2, 9, 6, 7, 0, 3, 8]]
   _, params, counts = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
   assert params["output"]["kernel"].shape == (2, 32, 10)  # X_v: a fresh 10-way layer per seed
@@ -185,3 +189,68 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
   _, params, _ = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
   assert params["hidden"]["kernel"].shape == (1, 3072, 16) and params["output"]["kernel"].shape == (1, 16, 10)
+
+
+def _embedding_file(path, key, num_classes=10, dim=8):
+  """A small embedding file as experiments.embed writes it; key None: an older or hand-made file (no key)."""
+  ds = _fake_dataset(num_classes, dim=dim, lossy=False)
+  meta = dict(dataset=path.stem, dataset_source="synthetic", lossy=False, embedder="/convmixer", dim=dim,
+              num_classes=num_classes, embedder_key=key)
+  if key is None:
+    del meta["embedder_key"]
+    np.savez(path, **{k: ds[k] for k in ("train_images", "train_labels", "test_images", "test_labels")},
+             meta=json.dumps(meta))
+    return path
+  return embeddings.save_embeddings(path, train_embeddings=ds["train_images"], train_labels=ds["train_labels"],
+                                    test_embeddings=ds["test_images"], test_labels=ds["test_labels"], meta=meta)
+
+
+def _split(data_file, pretrain_dir, workdir):
+  """A one-epoch-per-task Split CIFAR-10 run of 16 neurons on 8-d embeddings from `pretrain_dir`."""
+  config = split_cifar.get_config("sdmlp,tiny")
+  config.data_dir, config.pretrained, config.seeds = str(data_file), str(pretrain_dir), (0,)
+  config.model.input_size, config.model.neurons = 8, 16
+  config.epochs_per_task = config.eval_every = 1
+  return experiment.train_and_evaluate(config, workdir)
+
+
+def _pretrain_config(data_file):
+  pre = pretrain.get_config("sdmlp,tiny")
+  pre.data_dir = str(data_file)
+  pre.model.input_size, pre.model.neurons, pre.seeds = 8, 16, (0,)
+  pre.num_classes = pre.classes_per_task = pre.model.num_classes = 10
+  pre.epochs_per_task = pre.eval_every = 1
+  return pre
+
+
+def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path):
+  """A retrained embedder (new key) with an old pretrain is refused; embeddings from the same one run."""
+  experiment.train_and_evaluate(_pretrain_config(_embedding_file(tmp_path / "imagenet32.npz", "aaa111")),
+                                tmp_path / "pretrain")
+  with np.load(tmp_path / "pretrain" / "final_state.npz") as f:
+    assert json.loads(str(f["data"]))["embedder_key"] == "aaa111"
+  with pytest.raises(ValueError, match=r"(?s)config\.pretrained: .*pretrain/final_state\.npz was pretrained on "
+                     r".*imagenet32\.npz \(embedder key aaa111\), but config\.data_dir .*cifar10_new\.npz was "
+                     r"embedded by another embedder \(key bbb222\).*experiments\.embed"):
+    _split(_embedding_file(tmp_path / "cifar10_new.npz", "bbb222"), tmp_path / "pretrain", tmp_path / "refused")
+  assert not (tmp_path / "refused").exists()  # refused before anything was written
+  results = _split(_embedding_file(tmp_path / "cifar10.npz", "aaa111"), tmp_path / "pretrain", tmp_path / "same")
+  assert results["tasks_finished"] == 5 and results["dataset"]["identity"]["embedder_key"] == "aaa111"
+
+
+def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, capfd):
+  """Older or hand-made files keep working with a keyed pretrain (here written directly, as a pretrain
+  run leaves it: final_state.npz with its data's identity, and config.json)."""
+  pre = _pretrain_config(tmp_path / "imagenet32.npz")
+  rng = np.random.default_rng(0)
+  states = types.SimpleNamespace(
+      params={"hidden": {"kernel": rng.random((1, 8, 16), np.float32)},
+              "output": {"kernel": rng.random((1, 16, 10), np.float32)}},
+      gaba_counts=np.zeros((1, 16), np.float32), epoch=np.ones((1,), np.int32))
+  (tmp_path / "pretrain").mkdir()
+  experiment.save_final_state(tmp_path / "pretrain" / "final_state.npz", states, (0,),
+                              data=dict(file=pre.data_dir, embedder_key="aaa111"))
+  (tmp_path / "pretrain" / "config.json").write_text(pre.to_json_best_effort())
+  results = _split(_embedding_file(tmp_path / "cifar10_old.npz", None), tmp_path / "pretrain", tmp_path / "run")
+  assert results["tasks_finished"] == 5 and "sha256" in results["dataset"]["identity"]
+  assert capfd.readouterr().err.count("embedder not checked: the pretrain") == 1

@@ -16,19 +16,28 @@ Contract for consumers: `load_dataset('embeddings', data_dir=FILE)` returns
 float32 features [N, D] under the `*_images` keys (NOT uint8 pixels: do not
 divide by 255), `lossy` copied from the embedded dataset, `embedding=True`,
 `meta` as a dict, and a `source` naming the file, dataset and embedder (it
-starts with 'LOSSY JPEG stand-in' when the pixels did).
+starts with 'LOSSY JPEG stand-in' when the pixels did). Files whose metadata
+lacks `embedder`/`embedder_key` (older or hand-made ones) still load.
 
 Synopsis::
 
     from sdm_jax import data
+    from sdm_jax.data import embeddings
 
     ds = data.load_dataset('embeddings', data_dir='/tmp/emb/cifar10_jpeg-1a2b.npz')
     ds['train_images'].shape, ds['train_images'].dtype   # (50000, 256) float32
     print(ds['source'])
+    embeddings.identity('/tmp/emb/cifar10_jpeg-1a2b.npz')  # {'file', 'embedder_key', 'dataset', ...}
+
+`identity` is what a run records about its data file beyond the path (a
+path can be re-embedded in place): pretrains keep it so Split CIFAR can refuse
+embeddings from another embedder, and checkpoints keep it so a resumed run
+refuses a file that changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 from typing import Any, Mapping, Optional
@@ -39,6 +48,8 @@ from sdm_jax.data import cifar, idx
 
 META_KEYS = ('dataset', 'dataset_source', 'lossy', 'embedder', 'embedder_key', 'dim')
 """Keys every embedding file's metadata must hold."""
+IDENTITY_META_KEYS = ('embedder_key', 'dataset', 'dataset_source')
+"""Metadata that tells two embedding files apart when the file has an embedder key."""
 
 
 def save_embeddings(path: idx.PathLike, *, train_embeddings: np.ndarray,
@@ -78,6 +89,36 @@ def read_meta(path: idx.PathLike) -> Optional[dict[str, Any]]:
     return None
 
 
+def sha256_file(path: idx.PathLike, chunk: int = 1 << 24) -> str:
+  """Hex sha256 of a file's bytes, read in chunks (ImageNet32 embeddings are ~1.3 GB)."""
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while block := f.read(chunk):
+      h.update(block)
+  return h.hexdigest()
+
+
+def identity(path: idx.PathLike) -> Optional[dict[str, Any]]:
+  """What an embedding file is, beyond its path; None if there is no such file.
+
+  A file written by `save_embeddings` is identified by its metadata (embedder
+  key, dataset and its source: reading it costs milliseconds). A file whose
+  metadata has no `embedder_key` (older or hand-made files) is identified by
+  the sha256 of its bytes instead, computed here: a few seconds for
+  ImageNet32's ~1.3 GB, once per run.
+  """
+  path = pathlib.Path(path).expanduser()
+  if not path.is_file():
+    return None
+  out: dict[str, Any] = {'file': str(path.absolute())}
+  meta = read_meta(path) or {}
+  if meta.get('embedder_key'):
+    out.update({k: meta.get(k) for k in IDENTITY_META_KEYS})
+  else:
+    out['sha256'] = sha256_file(path)
+  return out
+
+
 def load_embeddings(path: Optional[idx.PathLike]) -> dict[str, Any]:
   """Loads an embedding file written by `save_embeddings` (see the module doc).
 
@@ -108,5 +149,5 @@ def load_embeddings(path: Optional[idx.PathLike]) -> dict[str, Any]:
       lossy=bool(meta['lossy']), embedding=True, meta=meta,
       num_classes=int(meta.get('num_classes', int(out['train_labels'].max()) + 1)),
       source=(f"{meta['dataset_source']} -> embeddings {path} "
-              f"(embedder {meta['embedder']}, key {meta['embedder_key']})"))
+              f"(embedder {meta.get('embedder', '?')}, key {meta.get('embedder_key', 'none')})"))
   return out
