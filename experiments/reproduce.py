@@ -16,7 +16,8 @@ shortens every schedule (GABA T and the Top-K k schedule scale with it; the
 Oracle's single all-class task keeps its own epoch count unless
 `--oracle_epochs` is given).
 
-Writes `WORKDIR/<table>.md`: per row the neurons, k, the paper's value, the
+Writes `WORKDIR/<table>.md` and a figure `WORKDIR/<table>.png` (`tables.plot_rows`):
+per row the neurons, k, the paper's value, the
 measured final accuracy (mean ± s.e.m. over seeds), and from the accuracy
 matrices the average accuracy, forgetting (max over earlier task-end
 evaluations − final, averaged over all but the last task) and backward

@@ -3,7 +3,8 @@
 `run_rows` runs each row's config with `sdm_jax.experiment.train_and_evaluate`
 into WORKDIR/<row>/, skips rows whose results.json says "finished" with the
 same config (so an interrupted study resumes), and rewrites the markdown
-table after every row. Used by `experiments.reproduce` (the paper's tables),
+table after every row, with a figure beside it (`plot_rows`: full-test
+accuracy during training, and final accuracy against the paper's). Used by `experiments.reproduce` (the paper's tables),
 `experiments.ablations` (Table 2) and `experiments.k_frontier`.
 """
 
@@ -80,9 +81,57 @@ HEADER = ("| row | neurons | k | paper | measured final acc. | Δ | avg acc. | f
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str) -> None:
+  """Left: full-test accuracy (mean over seeds) during training, per row, task boundaries in grey
+  (rows trained as one task, e.g. the Oracle, and one-pass rows have no curve). Right: final
+  accuracy per row, mean ± s.e.m. over seeds, with the paper's value as a red tick."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (curves_ax, bars_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+  colors = plt.cm.tab10(np.arange(10))
+  boundaries = set()
+  for i, (row, results) in enumerate(all_results.items()):
+    config = configs[row]
+    seed_curves = [s["curves"] for s in results["per_seed"] if s.get("curves")]
+    if not seed_curves or config.classes_per_task == config.num_classes:
+      continue
+    epochs = [c["epoch"] for c in seed_curves[0]]
+    accuracy = np.mean([[c["full_accuracy"] for c in curves] for curves in seed_curves], axis=0)
+    curves_ax.plot(epochs, accuracy, color=colors[i % 10], lw=1.2, label=row)
+    boundaries.update(range(config.epochs_per_task, max(epochs), config.epochs_per_task))
+  for boundary in boundaries:
+    curves_ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
+  curves_ax.set(xlabel="epoch", ylabel="accuracy on the full test set", ylim=(0, 1),
+                title="during training (mean over seeds)")
+  if curves_ax.lines:
+    curves_ax.legend(fontsize=7)
+  rows = list(all_results)
+  finals = [[s["final_accuracy"] for s in all_results[row]["per_seed"]] for row in rows]
+  means = [np.mean(f) for f in finals]
+  sems = [np.std(f, ddof=1) / math.sqrt(len(f)) if len(f) > 1 else 0.0 for f in finals]
+  y = np.arange(len(rows))
+  bars_ax.barh(y, means, xerr=sems, color=[colors[i % 10] for i in range(len(rows))], alpha=0.8, ecolor="0.3")
+  papers = [(i, configs[row].get("paper_final_accuracy", -1.0)) for i, row in enumerate(rows)]
+  papers = [(i, v) for i, v in papers if v is not None and v >= 0]
+  if papers:
+    bars_ax.scatter([v for _, v in papers], [i for i, _ in papers], marker="|", s=400, linewidths=2.5,
+                    color="crimson", label="paper", zorder=3)
+    bars_ax.legend(fontsize=7, loc="lower right")
+  bars_ax.set(yticks=y, yticklabels=rows, xlim=(0, 1), xlabel="final accuracy (full test set)",
+              title="after the last task")
+  bars_ax.invert_yaxis()
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, seeds,
              filename: str = "table.md") -> dict:
-  """Runs each row's config into WORKDIR/<row>/ (skipping finished ones) and writes WORKDIR/<filename>.
+  """Runs each row's config into WORKDIR/<row>/ (skipping finished ones) and writes WORKDIR/<filename>
+  and its figure (the same name, .png).
 
   The table is rewritten after every row, so a partial table survives an interruption.
   Returns {row: results}.
@@ -110,6 +159,7 @@ def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, 
             "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
             f"Command: `{command}`\n\n" + HEADER + "\n" + "\n".join(lines) + "\n")
     (workdir / filename).write_text(text)
+    plot_rows(all_results, configs, (workdir / filename).with_suffix(".png"), title=title)
   print(text)
   print(f"total wall time {experiment._fmt_duration(time.time() - start)}; table in {workdir / filename}")
   return all_results

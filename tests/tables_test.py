@@ -32,6 +32,7 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   assert fly_cells[12] == "–"  # the FlyModel has no dead-unit fraction
   dead = [s["dead_fraction"] for s in results["sdmlp"]["per_seed"]]
   assert 0.0 <= min(dead) and max(dead) <= 1.0
+  assert (tmp_path / "t.png").stat().st_size > 10_000  # the figure beside the table
 
   # A second call reruns nothing: every row finished with the same config.
   def fail(*args, **kwargs):
