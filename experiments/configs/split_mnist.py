@@ -33,8 +33,11 @@ seeds (0, 1, 2) as one program per row, final full-test accuracy mean ± s.e.m.;
   relu 0.197 ± 0.000 (4m31s)    topk 0.197 ± 0.000       ewc 0.223 ± 0.002
   mas 0.236 ± 0.008             si 0.295 ± 0.099         oracle (20 ep) 0.971 ± 0.000
   flymodel 0.773 ± 0.007        flymodel_10k 0.909 ± 0.001
-The 500-epoch schedule (the paper's numbers) has not been run here yet: about 30 min per seed
-per 1K row. EWC and MAS are far below the paper (see the results README).
+The 500-epoch schedule (the paper's), same machine, 3 seeds as one program per row
+(experiments/results/split_mnist_full/, in progress; 35-85 min per 1K row):
+  sdmlp 0.504 ± 0.003 (35m30s)   sdmlp_ewc 0.830 ± 0.005 (paper 0.83)   ewc 0.213 ± 0.009
+  relu 0.198 ± 0.000             flymodel 0.773 ± 0.007                  flymodel_10k 0.909 ± 0.001
+EWC and MAS are far below the paper at both schedules (see the results READMEs).
 """
 
 import ml_collections
