@@ -37,6 +37,7 @@ The 500-epoch schedule (the paper's), same machine, 3 seeds as one program per r
 (experiments/results/split_mnist_full/, in progress; 35-85 min per 1K row):
   sdmlp 0.504 ± 0.003 (35m30s)   sdmlp_ewc 0.830 ± 0.005 (paper 0.83)   ewc 0.213 ± 0.009
   relu 0.198 ± 0.000             flymodel 0.773 ± 0.007                  flymodel_10k 0.909 ± 0.001
+  oracle (100 epochs) 0.982 ± 0.000 (paper 0.98)
 EWC and MAS are far below the paper at both schedules (see the results READMEs).
 """
 
