@@ -196,9 +196,12 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   values_sq = jnp.sum(jnp.square(d_values))
 
   touched_capacity = sgd.touched_capacity(spec, x.shape[0])
-  update = _update_touched_rows if touched_capacity else _update_slot_rows
-  addresses, step_size, touched_fit = update(addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd,
-                                             touched_capacity=touched_capacity)
+  if touched_capacity:
+    addresses, step_size, touched_fit = _update_touched_rows(addresses, x, d_hidden, winners, values_sq, spec=spec,
+                                                             sgd=sgd, touched_capacity=touched_capacity)
+  else:
+    addresses, step_size = _update_slot_rows(addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd)
+    touched_fit = True
   values_kernel = jax.nn.relu(values_kernel - step_size * d_values)
 
   fired = (hidden > 0).astype(jnp.float32)
@@ -241,9 +244,8 @@ def _update_touched_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sg
   return addresses, step_size, jnp.sum(present) <= touched_capacity
 
 
-def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, touched_capacity):
+def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd):
   """SGD + projection by one scatter-add row per (example, winner) slot (large layers)."""
-  del touched_capacity
   batch = x.shape[0]
   flat = winners.reshape(-1)
   flat_d_hidden = d_hidden.reshape(-1)
@@ -279,4 +281,4 @@ def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, 
   first_slot = jnp.full((spec.neurons,), flat.shape[0]).at[flat].min(slot)[flat] == slot
   rows = layers.l2_normalize(jax.nn.relu(addresses[flat]), axis=-1)
   addresses = addresses.at[jnp.where(first_slot, flat, spec.neurons)].set(rows, unique_indices=True, mode="drop")
-  return addresses, step_size, jnp.bool_(True)
+  return addresses, step_size

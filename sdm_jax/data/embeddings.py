@@ -37,7 +37,6 @@ refuses a file that changed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 from typing import Any, Mapping, Optional
@@ -89,15 +88,6 @@ def read_meta(path: idx.PathLike) -> Optional[dict[str, Any]]:
     return None
 
 
-def sha256_file(path: idx.PathLike, chunk: int = 1 << 24) -> str:
-  """Hex sha256 of a file's bytes, read in chunks (ImageNet32 embeddings are ~1.3 GB)."""
-  h = hashlib.sha256()
-  with open(path, 'rb') as f:
-    while block := f.read(chunk):
-      h.update(block)
-  return h.hexdigest()
-
-
 def identity(path: idx.PathLike) -> Optional[dict[str, Any]]:
   """What an embedding file is, beyond its path; None if there is no such file.
 
@@ -115,7 +105,7 @@ def identity(path: idx.PathLike) -> Optional[dict[str, Any]]:
   if meta.get('embedder_key'):
     out.update({k: meta.get(k) for k in IDENTITY_META_KEYS})
   else:
-    out['sha256'] = sha256_file(path)
+    out['sha256'] = cifar.file_sha256(path)
   return out
 
 
