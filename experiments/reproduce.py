@@ -11,7 +11,9 @@ Each row is a variant of the table's config (`experiments/configs/<table>.py`),
 run by `sdm_jax.experiment.train_and_evaluate` with its seeds as one compiled
 program, into `WORKDIR/<row>/` (config.json, results.json, metrics.csv). A row
 whose results.json says "finished" with the same config is not rerun, so an
-interrupted reproduction picks up where it stopped. `--epochs_per_task`
+interrupted reproduction picks up where it stopped. Rows of the table finished
+in the workdir by another process (same config) appear in the table too;
+`--tabulate_only` rewrites the table from the finished rows without running. `--epochs_per_task`
 shortens every schedule (GABA T and the Top-K k schedule scale with it; the
 Oracle's single all-class task keeps its own epoch count unless
 `--oracle_epochs` is given).
@@ -59,6 +61,8 @@ _PRETRAINED_DIR = flags.DEFINE_string("pretrained_dir", "", "CIFAR tables: folde
 _DATASET = flags.DEFINE_string("override_dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
 _INPUT_SIZE = flags.DEFINE_integer("override_input_size", 0, "Override every row's model.input_size (embeddings of "
                                    "another width than 256); 0 = the config's.")
+_TABULATE_ONLY = flags.DEFINE_bool("tabulate_only", False, "Run nothing: rewrite the table and figure "
+                                    "from the rows already finished in --workdir with the same config.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
 
@@ -74,20 +78,24 @@ def main(argv):
   seeds = _SEEDS.value
   if table in CONFIG_MODULES and not flags.FLAGS["seeds"].present:  # the reference's class orders
     seeds = [str(s) for s in module.get_config(rows[0]).seeds]
-  configs = {row: tables.row_config(module, row, epochs_per_task=_EPOCHS.value,
-                                    oracle_epochs=_ORACLE_EPOCHS.value, seeds=seeds,
-                                    data_dir=_DATA_DIR.value)
-             for row in rows}
-  for config in configs.values():
+  table_rows = list(getattr(module, "TABLE_ROWS", {}).get(table, module.ROWS))
+  all_configs = {row: tables.row_config(module, row, epochs_per_task=_EPOCHS.value,
+                                        oracle_epochs=_ORACLE_EPOCHS.value, seeds=seeds,
+                                        data_dir=_DATA_DIR.value)
+                 for row in dict.fromkeys(table_rows + rows)}
+  configs = {row: all_configs[row] for row in rows}
+  for row, config in all_configs.items():
     if _DATASET.value and config.model.kind != "flymodel":
       config.dataset = _DATASET.value
     if _INPUT_SIZE.value:
       config.model.input_size = _INPUT_SIZE.value
     if config.get("pretrain_variant") and _PRETRAINED_DIR.value:
       config.pretrained = str(pathlib.Path(_PRETRAINED_DIR.value) / config.pretrain_variant)
-    if config.get("pretrained"):  # refuse a missing pretrain before spending an hour on the other rows
+    if config.get("pretrained") and row in configs and not _TABULATE_ONLY.value:
+      # Refuse a missing pretrain before spending an hour on the other rows.
       pretrained.load(config.pretrained)
-  command = (f"python -m experiments.reproduce --table={table} --rows={','.join(rows)}"
+  command = (f"python -m experiments.reproduce --table={table}"
+             + (" --tabulate_only" if _TABULATE_ONLY.value else f" --rows={','.join(rows)}")
              + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
              + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
              + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
@@ -95,7 +103,10 @@ def main(argv):
              + (f" --override_input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
              + f" --seeds={','.join(seeds)}")
   workdir = pathlib.Path(_WORKDIR.value)
-  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=seeds, filename=f"{table}.md")
+  # Every row of the table that finished in the workdir with the same config is tabulated, so
+  # processes sharing a workdir (one per core) each write the whole table so far.
+  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=seeds, filename=f"{table}.md",
+                  also_show=all_configs, run=not _TABULATE_ONLY.value)
 
 
 if __name__ == "__main__":

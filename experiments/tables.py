@@ -3,7 +3,8 @@
 `run_rows` runs each row's config with `sdm_jax.experiment.train_and_evaluate`
 into WORKDIR/<row>/, skips rows whose results.json says "finished" with the
 same config (so an interrupted study resumes), and rewrites the markdown
-table after every row, with a figure beside it (`plot_rows`: full-test
+table after every row (with any `also_show` rows another process finished in
+the same workdir), with a figure beside it (`plot_rows`: full-test
 accuracy during training, and final accuracy against the paper's). Used by `experiments.reproduce` (the paper's tables),
 `experiments.ablations` (Table 2) and `experiments.k_frontier`.
 """
@@ -129,37 +130,65 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
 
 
 def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, seeds,
-             filename: str = "table.md") -> dict:
+             filename: str = "table.md", also_show: dict | None = None, run: bool = True) -> dict:
   """Runs each row's config into WORKDIR/<row>/ (skipping finished ones) and writes WORKDIR/<filename>
   and its figure (the same name, .png).
 
-  The table is rewritten after every row, so a partial table survives an interruption.
-  Returns {row: results}.
+  `also_show`: more {row: config} that are not run but are tabulated when they
+  finished in WORKDIR with exactly that config, e.g. by another process
+  sharing the workdir (two processes use both cores; each would otherwise
+  write a table of its own rows only). `run=False` runs nothing and tabulates
+  the finished rows of `configs` too. The table follows the order of
+  `also_show`, then the other rows of `configs`, and is rewritten after every row, so a partial
+  table survives an interruption. Returns {row: results} of the tabulated rows.
   """
   for config in configs.values():  # refuse a bad row before spending an hour on the others
     experiment.validate_config(config)
   workdir.mkdir(parents=True, exist_ok=True)
-  lines, all_results = [], {}
+  to_run = dict(configs) if run else {}
+  shown = {**(also_show or {}), **configs}
+  order = list(also_show or {}) + [row for row in configs if row not in (also_show or {})]
+  all_results = {}
   start = time.time()
-  for i, (row, config) in enumerate(configs.items()):
-    results = _finished(workdir / row, config)
-    if results is None:
-      print(f"[{i + 1}/{len(configs)}] {row}", flush=True)
-      results = experiment.train_and_evaluate(config, workdir / row)
-    else:
-      print(f"[{i + 1}/{len(configs)}] {row}: finished earlier, not rerun", flush=True)
-    all_results[row] = results
-    lines.append(table_row(row, config, results))
+
+  def finished_elsewhere():
+    return {row: results for row in order if row not in to_run and row not in all_results
+            and (results := _finished(workdir / row, shown[row])) is not None}
+
+  def write_table(machine: str) -> str:
+    done = {**all_results, **finished_elsewhere()}
+    rows = [row for row in order if row in done]
+    others = [row for row in rows if row not in to_run]
     text = (f"# {title}: paper vs sdm_jax\n\n"
             f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-            f"{results['machine']}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
+            f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
             "the full test set after the last task (the paper's metric); forgetting = max over earlier "
             "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
             "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
             "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
-            f"Command: `{command}`\n\n" + HEADER + "\n" + "\n".join(lines) + "\n")
+            f"Command: `{command}`"
+            + (f" (rows finished earlier or by another process in this workdir with the same config: "
+               f"{', '.join(others)})" if others else "")
+            + "\n\n" + HEADER + "\n" + "\n".join(table_row(row, shown[row], done[row]) for row in rows) + "\n")
     (workdir / filename).write_text(text)
-    plot_rows(all_results, configs, (workdir / filename).with_suffix(".png"), title=title)
+    plot_rows({row: done[row] for row in rows}, {row: shown[row] for row in rows},
+              (workdir / filename).with_suffix(".png"), title=title)
+    return text
+
+  for i, (row, config) in enumerate(to_run.items()):
+    results = _finished(workdir / row, config)
+    if results is None:
+      print(f"[{i + 1}/{len(to_run)}] {row}", flush=True)
+      results = experiment.train_and_evaluate(config, workdir / row)
+    else:
+      print(f"[{i + 1}/{len(to_run)}] {row}: finished earlier, not rerun", flush=True)
+    all_results[row] = results
+    text = write_table(results["machine"])
+  all_results.update(finished_elsewhere())
+  if not to_run:
+    if not all_results:
+      raise ValueError(f"no row of {list(order)} has finished in {workdir} with the same config")
+    text = write_table(next(iter(all_results.values())).get("machine", ""))
   print(text)
   print(f"total wall time {experiment._fmt_duration(time.time() - start)}; table in {workdir / filename}")
   return all_results

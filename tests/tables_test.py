@@ -62,3 +62,34 @@ def test_finished_needs_status_finished(tmp_path):
   assert tables._finished(tmp_path, config) is None
   (tmp_path / "results.json").write_text(json.dumps({"status": "finished"}))
   assert tables._finished(tmp_path, config) == {"status": "finished"}
+
+
+def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch):
+  configs = _configs()
+  # "Another process" finishes the FlyModel row in the shared workdir.
+  tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a", seeds=(0, 1))
+  ran = []
+  real = experiment.train_and_evaluate
+  monkeypatch.setattr(experiment, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name)
+                      or real(config, workdir))
+  # This process runs only the SDMLP row, yet its table holds both, in also_show's order.
+  shown = tables.run_rows({"sdmlp": configs["sdmlp"]}, tmp_path, title="T", command="b", seeds=(0, 1),
+                          filename="t.md", also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"],
+                                                      "relu": split_mnist.get_config("relu,tiny")})
+  assert ran == ["sdmlp"] and list(shown) == ["sdmlp", "flymodel"]
+  text = (tmp_path / "t.md").read_text()
+  rows = [l.split("|")[1].strip() for l in text.splitlines() if l.startswith("| ") and "neurons" not in l]
+  assert rows == ["flymodel", "sdmlp"]  # relu never finished: not shown
+  assert "another process" in text and "flymodel" in text.split("Command:")[1].splitlines()[0]
+
+  # run=False runs nothing and rewrites the table from the finished rows.
+  (tmp_path / "t.md").unlink()
+  monkeypatch.setattr(experiment, "train_and_evaluate", lambda *a: pytest.fail("ran a row"))
+  shown = tables.run_rows({"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"]}, tmp_path, title="T",
+                          command="c", seeds=(0, 1), filename="t.md", run=False)
+  assert sorted(shown) == ["flymodel", "sdmlp"] and (tmp_path / "t.md").exists()
+  # A row whose config changed is not finished: nothing to show is an error, not an empty table.
+  configs["flymodel"].optimizer.learning_rate = 1.0
+  with pytest.raises(ValueError, match="no row"):
+    tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", seeds=(0,),
+                    run=False)
