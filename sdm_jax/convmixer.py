@@ -180,6 +180,9 @@ def embed_arrays(model: ConvMixer, variables: dict, images: np.ndarray, *, mesh,
   The last batch is padded to a full one (so one compiled shape serves every
   batch) and the padding dropped.
   """
+  if batch_size <= 0 or batch_size % mesh.size:
+    raise ValueError(f"batch_size {batch_size} must be a positive multiple of the mesh's {mesh.size} devices "
+                     "(each device embeds an equal share of every batch)")
   n = len(images)
   batch_size = min(batch_size, -(-n // mesh.size) * mesh.size)
   fn = jax.jit(functools.partial(apply_eval, model))

@@ -79,7 +79,7 @@ def test_tiny_training_reduces_loss_on_real_images(tmp_path):
 def test_two_devices_match_one(tmp_path):
   """A step with the batch sharded over 2 forced host devices gives the 1-device result."""
   script = textwrap.dedent('''
-      import functools, jax, numpy as np
+      import functools, jax, numpy as np, pytest
       from sdm_jax import convmixer
       model = convmixer.ConvMixer(dim=8, depth=1, kernel_size=3, patch_size=4, num_classes=10)
       tx = convmixer.make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)
@@ -96,6 +96,8 @@ def test_two_devices_match_one(tmp_path):
         out[n] = (float(m['loss']), np.asarray(jax.tree.leaves(state['params'])[0]),
                   convmixer.embed_arrays(model, state, x[:5], mesh=mesh, batch_size=4))
       assert jax.device_count() == 2
+      with pytest.raises(ValueError, match="batch_size 3 must be a positive multiple of the mesh's 2 devices"):
+        convmixer.embed_arrays(model, state, x[:5], mesh=convmixer.data_mesh(2), batch_size=3)
       np.testing.assert_allclose(out[1][0], out[2][0], rtol=1e-5)
       np.testing.assert_allclose(out[1][1], out[2][1], rtol=1e-4, atol=1e-6)
       np.testing.assert_allclose(out[1][2], out[2][2], rtol=1e-4, atol=1e-5)

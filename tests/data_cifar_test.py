@@ -5,6 +5,7 @@ import pathlib
 import tarfile
 
 import numpy as np
+import PIL
 import pytest
 
 from sdm_jax import data
@@ -76,7 +77,7 @@ def test_full_jpeg_decode_matches_readme(full_jpeg):
 def test_full_jpeg_second_load_uses_cache(full_jpeg, monkeypatch):
   cache, first = full_jpeg
   assert [p.name for p in cache.iterdir()] == [
-      f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}.npz']
+      f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-pil{PIL.__version__}.npz']
   monkeypatch.setattr(cifar, 'decode_jpeg_tar', lambda *a: pytest.fail('decoded again'))
   again = data.load_dataset('cifar10_jpeg', cache=cache)
   for key in ('train_images', 'train_labels', 'test_images', 'test_labels'):
@@ -89,10 +90,10 @@ def test_jpeg_subset_of_real_tar(tmp_path):
   assert ds['train_images'].shape == (30, 32, 32, 3)
   assert ds['train_labels'].tolist() == np.repeat(np.arange(10), 3).tolist()
   assert ds['test_labels'].tolist() == np.repeat(np.arange(10), 3).tolist()
-  assert (tmp_path / f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-3.npz').is_file()
+  assert (tmp_path / f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-pil{PIL.__version__}-3.npz').is_file()
 
 
-def test_jpeg_order_labels_and_cache_key(tmp_path):
+def test_jpeg_order_labels_and_cache_key(tmp_path, monkeypatch):
   tar = _fake_tar(tmp_path / cifar.JPEG_TAR)
   with pytest.raises(idx.DataError, match='checksum mismatch in .*CIFAR-10-images-jpeg'):
     data.load_dataset('cifar10_jpeg', data_dir=tmp_path, cache=tmp_path / 'c')
@@ -108,6 +109,10 @@ def test_jpeg_order_labels_and_cache_key(tmp_path):
                          cache=tmp_path / 'c', max_per_class=2)
   assert len(ds['train_labels']) == 10
   assert len(list((tmp_path / 'c').glob('*.npz'))) == 2
+  # Another JPEG decoder (Pillow version) decodes again, into a third cache file.
+  monkeypatch.setattr(PIL, '__version__', '0.0.test')
+  data.load_dataset('cifar10_jpeg', data_dir=tar, verify=False, cache=tmp_path / 'c', max_per_class=2)
+  assert len(list((tmp_path / 'c').glob('*pil0.0.test*.npz'))) == 1
 
 
 def test_jpeg_full_load_checks_class_counts(tmp_path):

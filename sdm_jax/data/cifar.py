@@ -338,8 +338,10 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
   """Loads the LOSSY JPEG CIFAR-10 stand-in, decoding it once.
 
   The decoded arrays are cached in `cache_dir(cache)` as
-  `cifar10_jpeg-<sha256[:16]>[-<max_per_class>].npz`, keyed by the tar's
-  sha256, so a changed tar is decoded again and later loads take < 1 s.
+  `cifar10_jpeg-<sha256[:16]>-pil<version>[-<max_per_class>].npz`, keyed by
+  the tar's sha256 and the JPEG decoder's (Pillow's) version, so a changed
+  tar or decoder is decoded again (JPEG decoders may differ in the last bit),
+  and later loads take < 1 s.
 
   Args:
     data_dir: where to find the tar (`resolve_jpeg_tar`).
@@ -360,8 +362,9 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
         f"checksum mismatch in {tar} (dataset 'cifar10_jpeg'): expected "
         f'sha256 {JPEG_SHA256}, got {sha}. Restore it from '
         '../shared/data/cifar10_jpeg, or pass verify=False for another copy.')
+  import PIL  # pylint: disable=g-import-not-at-top  (optional dep; the decoder's version keys the cache)
   suffix = '' if max_per_class is None else f'-{max_per_class}'
-  cached = cache_dir(cache) / f'cifar10_jpeg-{sha[:16]}{suffix}.npz'
+  cached = cache_dir(cache) / f'cifar10_jpeg-{sha[:16]}-pil{PIL.__version__}{suffix}.npz'
   arrays = None
   if cached.is_file():
     try:
