@@ -21,7 +21,8 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*", "launch", "launch.*"]),
-    package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"]},
+    # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/cpu_kernels.py).
+    package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax": ["csrc/*.cc"]},
     install_requires=CORE,
     extras_require={
         # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).

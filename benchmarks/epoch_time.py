@@ -9,11 +9,12 @@ For each (input size n, neurons r) it measures, in this process:
 - one epoch of training (N = 12,665 examples: MNIST task 0 at n = 784, random pixels at other
   sizes or with --data=random; batch 128, SGD lr 0.05,
   clip 1.0, the SDM projection) for: SDMLP after the GABA switch (k = 10) with the dense step and
-  with the sparse step (`sdm_jax/sparse.py`), SDMLP during the switch (every neuron active),
-  SDMLP with linear k annealing (traced k = 500, bisection threshold), the ReLU MLP, and, when
-  torch is installed, the same SDMLP loop after the switch in PyTorch eager (`torch.topk`,
-  autograd, `clip_grad_norm_`, `torch.optim.SGD`, clamp and renormalise in place: the reference
-  code's step without Lightning);
+  with the sparse step (`sdm_jax/sparse.py`; the default address update, i.e. the C++ FFI kernel
+  of `sdm_jax/cpu_kernels.py` on CPU when it builds, and the "sparse_xla" row with the XLA one),
+  SDMLP during the switch (every neuron active), SDMLP with linear k annealing (traced k = 500,
+  bisection threshold), the ReLU MLP, and, when torch is installed, the same SDMLP loop after the
+  switch in PyTorch eager (`torch.topk`, autograd, `clip_grad_norm_`, `torch.optim.SGD`, clamp and
+  renormalise in place: the reference code's step without Lightning);
 and prints the times with their ratio to the floor. This shared VM drifts by +-30% over minutes,
 so each repeat measures the matmul rate right before its epoch, and the table reports the best
 epoch against the floor at the best rate (both are quiet-machine estimates). One compile-and-warm-up
@@ -42,10 +43,11 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per configuration (b
 _DATA = flags.DEFINE_enum("data", "mnist", ["mnist", "random"], "Inputs at n = 784: MNIST task 0 (the "
                           "embedded digits 0 and 1) or random pixels (other sizes are always random).")
 _THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (layers.kth_largest).")
-_MODES = flags.DEFINE_list("modes", ["switched", "sparse", "switching", "linear", "relu", "torch"],
+_MODES = flags.DEFINE_list("modes", ["switched", "sparse", "sparse_xla", "switching", "linear", "relu", "torch"],
                            "Which rows to time (torch is skipped when torch is not installed).")
 _LR = 0.05
 LABELS = {"switched": "SDMLP k=10 after switch, dense step", "sparse": "SDMLP k=10 after switch, sparse step",
+          "sparse_xla": "SDMLP k=10 after switch, sparse step, XLA address update",
           "switching": "SDMLP during switch (all active)", "linear": "SDMLP linear anneal (k=500)",
           "relu": "ReLU MLP", "torch": "PyTorch eager SDMLP k=10 after switch"}
 
@@ -102,13 +104,23 @@ def _data(n: int, examples: int):
   return x, y
 
 
+def _sparse_sgd(mode: str) -> sparse.SparseSGD | None:
+  """The sparse row: the default (auto) address update, the FFI kernel on CPU when it builds;
+  the sparse_xla row forces the XLA one (`sparse.SparseSGD.kernel`)."""
+  if mode == "sparse":
+    return sparse.SparseSGD(_LR, 1.0)
+  if mode == "sparse_xla":
+    return sparse.SparseSGD(_LR, 1.0, kernel="xla")
+  return None
+
+
 def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
   """A function that runs (and waits for) one more epoch; returns mean active units per example."""
   spec = _spec(mode, n, r)
   tx = optim.make_optimizer("sgd", _LR, projection=functools.partial(models.project_params, spec=spec)
                             if spec.constrained else None)
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
-  if mode in ("switched", "sparse"):
+  if mode in ("switched", "sparse", "sparse_xla"):
     states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, 1e9))
   elif mode == "switching":
     states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, -1e12))  # stays at lambda = -1
@@ -117,7 +129,7 @@ def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
   x, y = map(jnp.asarray, _data(n, examples))
   sizes = jnp.asarray([examples], jnp.int32)
   block = train.make_train_block(spec=spec, tx=tx, batch_size=batch, epochs=1, seed_axis_data=False,
-                                 sparse_sgd=sparse.SparseSGD(_LR, 1.0) if mode == "sparse" else None)
+                                 sparse_sgd=_sparse_sgd(mode))
   carry = {"states": states}
 
   def run_epoch() -> float:
@@ -127,7 +139,7 @@ def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
     states, metrics = block(states, x, y, sizes, jnp.int32(0))
     jax.block_until_ready(states)
     carry["states"] = states
-    if mode == "sparse" and float(metrics.sparse_fraction[0, -1]) < 1.0:
+    if mode.startswith("sparse") and float(metrics.sparse_fraction[0, -1]) < 1.0:
       raise AssertionError("the sparse row fell back to the dense step")
     return float(metrics.active_per_example[0, -1])
 

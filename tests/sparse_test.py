@@ -41,15 +41,16 @@ def test_top_values_and_indices_match_a_sort(ties, r):
     layers.top_values_and_indices(jnp.zeros((2, 5)), 6)
 
 
-@pytest.mark.parametrize("max_touched", [0, 60])
-def test_run_block_is_exact_through_the_gaba_switch(max_touched):
+@pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (None, "auto")])  # XLA per-slot; CPU: FFI kernel
+def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   """From lambda = -1 (every unit fires: dense) through the switch (sparse blocks), same training."""
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 60, 10, k=4, gaba_switch_activations=1000.0)
   tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_active=12, max_touched=max_touched))
+  sgd = sparse.SparseSGD(0.1, 1.0, max_active=12, max_touched=max_touched, kernel=kernel)
+  fast = train.make_train_block(**kwargs, sparse_sgd=sgd)
   a = train.init_states(np.array([0]), spec=spec, tx=tx)
   b = train.init_states(np.array([0]), spec=spec, tx=tx)
   ran = []
@@ -83,7 +84,8 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
                             projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched))
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched,
+                                                                      kernel="xla"))
   a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
   for task in range(2):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
@@ -100,9 +102,9 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
   assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
 
 
-@pytest.mark.parametrize("max_touched", [0, 12])
+@pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (12, "xla"), (None, "auto")])
 @pytest.mark.parametrize("clip_factor", [0.01, 1.05, 1e3])
-def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor, max_touched):
+def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor, max_touched, kernel):
   """One step: the (clipped) update equals optax's, where several examples share neurons.
 
   clip = factor x the true gradient norm: 0.01 clips (exact norm); 1e3 is settled by the
@@ -120,14 +122,16 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   tx = optim.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
   state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
-  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched)))
+  sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
+  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sgd))
   fast, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), xb, yb, valid)
   assert int(stats[-1]) == 1  # the step was exact
   chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
 
 
 def test_automatic_address_path_and_touched_overflow():
-  """1K neurons x batch 128 x k 10 takes the compact path (r // 2 rows); 10K the per-slot one.
+  """With the XLA update (`kernel="xla"`; the CPU kernel has no capacity):
+  1K neurons x batch 128 x k 10 takes the compact path (r // 2 rows); 10K the per-slot one.
   A batch touching more distinct neurons than the compact path holds is flagged, and
   `run_block` redoes the block densely: still the dense result."""
   sgd = sparse.SparseSGD(0.05)
@@ -139,7 +143,7 @@ def test_automatic_address_path_and_touched_overflow():
   tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_touched=3))
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_touched=3, kernel="xla"))
   a, metrics = fast(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
   assert float(metrics.sparse_fraction[0, -1]) == 0.0  # every batch of 64 touches more than 3 neurons
   a, _ = dense(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))

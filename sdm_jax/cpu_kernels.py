@@ -1,0 +1,157 @@
+"""XLA:CPU FFI kernels of the sparse step, built lazily with the system C++ compiler.
+
+Synopsis::
+
+    if cpu_kernels.available():          # builds (once per source/jaxlib/flags/CPU) and registers
+      addresses, step = cpu_kernels.sparse_update(addresses, x, d_hidden, winners, values_sq,
+                                                  learning_rate=0.05, clip_norm=1.0)
+
+`sparse_update` is the sparse SGD step's address update (`sparse._update_touched_rows`
+without a capacity): the gradient row of neuron i is the sum of d_hidden[b, j] * x[b] over
+the slots (b, j) it won, B * m axpys of length n (1.3M multiply-adds at batch 128, k = 10,
+n = 784) instead of XLA's dense [touched, B] @ [B, n] matmul (50M); then the global-norm
+clip, the SGD step, ReLU and the L2 normalisation of the touched rows, in place (the
+addresses are aliased to the result, so XLA passes the buffer through without a copy).
+Source: `sdm_jax/csrc/sparse_update.cc`.
+
+The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
+-march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else
+`~/.cache/sdm_jax`, under a name hashing the source, jaxlib's version, the compiler and its
+flags and the CPU's feature flags; it is written to a temporary file and renamed into place,
+so concurrent processes (pytest-xdist workers) never load a partial file. Without a compiler,
+or if the build fails, one warning is logged and `available()` is False: the sparse step then
+keeps its XLA update (`sparse.SparseSGD.kernel`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_update.cc"
+_SYMBOL = "SdmSparseUpdate"
+TARGET = "sdm_jax_sparse_update"
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
+_BUILD_TIMEOUT_S = 300
+
+_lock = threading.Lock()
+_state: dict = {}  # "ok": bool, "error": str | None, "path": str | None (filled once per process)
+
+
+def cache_dir() -> pathlib.Path:
+  if os.environ.get("SDM_JAX_CACHE_DIR"):
+    return pathlib.Path(os.environ["SDM_JAX_CACHE_DIR"])
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(base) / "sdm_jax"
+
+
+def _compiler() -> list[str]:
+  return shlex.split(os.environ.get("CXX") or "g++")
+
+
+def _cpu_flags() -> str:
+  """The CPU's feature flags (-march=native code must not run on another CPU sharing the cache)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith(("flags", "Features")):
+          return line
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def _library_path(compiler: list[str]) -> pathlib.Path:
+  import jaxlib  # noqa: PLC0415
+  key = hashlib.sha256()
+  for part in (_SOURCE.read_bytes(), jaxlib.__version__.encode(), " ".join(compiler + list(FLAGS)).encode(),
+               _cpu_flags().encode(), platform.machine().encode()):
+    key.update(part)
+    key.update(b"\0")
+  return cache_dir() / f"sparse_update-{key.hexdigest()[:20]}.so"
+
+
+def build(compiler: list[str] | None = None) -> pathlib.Path:
+  """Compiles the kernel library if it is not cached yet; returns its path. Raises on failure."""
+  compiler = compiler or _compiler()
+  path = _library_path(compiler)
+  if path.exists():
+    return path
+  if shutil.which(compiler[0]) is None:
+    raise RuntimeError(f"no C++ compiler {compiler[0]!r} on PATH (set $CXX)")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
+  os.close(fd)
+  try:
+    cmd = [*compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
+    if result.returncode != 0:
+      raise RuntimeError(f"{shlex.join(cmd)} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    os.replace(tmp, path)  # atomic: a concurrent builder's identical file is replaced, never torn
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+def _load() -> None:
+  """Builds, loads and registers the kernels once per process (thread-safe); never raises."""
+  with _lock:
+    if _state:
+      return
+    try:
+      path = build()
+      library = ctypes.cdll.LoadLibrary(str(path))
+      jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(library, _SYMBOL)), platform="cpu")
+      _state.update(ok=True, error=None, path=str(path), library=library)
+    except Exception as e:  # noqa: BLE001 -- any failure means: keep the XLA path
+      _state.update(ok=False, error=f"{type(e).__name__}: {e}", path=None)
+      logging.warning("sdm_jax: the CPU FFI kernel of the sparse step is unavailable, using the XLA "
+                      "update instead (slower at 1K neurons). Reason: %s", _state["error"])
+
+
+def available() -> bool:
+  """Whether the CPU kernels are built and registered (builds them on the first call)."""
+  _load()
+  return _state["ok"]
+
+
+def build_error() -> str | None:
+  """Why `available()` is False (None when it is True)."""
+  _load()
+  return _state["error"]
+
+
+def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: float,
+                  clip_norm: float | None):
+  """The sparse step's address update on CPU; returns (new addresses [r, n], step size []).
+
+  addresses [..., r, n] f32 neuron-major (donated to the result: no copy), x [..., B, n],
+  d_hidden [..., B, m], winners [..., B, m] int, values_sq [...] (the squared norm of the
+  output-layer gradient, part of the global norm). `clip_norm` None or 0: no clipping.
+  Under `jax.vmap` all operands get the batch axis (vmap_method="broadcast_all") and the
+  kernel loops over it.
+  """
+  if not available():
+    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+  call = jax.ffi.ffi_call(
+      TARGET,
+      (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(values_sq.shape, jnp.float32)),
+      input_output_aliases={0: 0},
+      vmap_method="broadcast_all")
+  return call(addresses.astype(jnp.float32), x.astype(jnp.float32), d_hidden.astype(jnp.float32),
+              winners.astype(jnp.int32), jnp.asarray(values_sq, jnp.float32),
+              learning_rate=np.float64(learning_rate), clip_norm=np.float64(clip_norm or 0.0))

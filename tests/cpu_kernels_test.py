@@ -1,0 +1,205 @@
+"""The CPU FFI kernel of the sparse step against numpy, the XLA update and the dense engine."""
+
+import functools
+import logging
+import os
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax import cpu_kernels, data, models, optim, sparse, train
+
+HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not None
+needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
+
+
+def _random_problem(seed, r=40, n=784, batch=64, m=5, padded=6):
+  """Unit-norm non-negative addresses and inputs; each example picks m distinct neurons of r
+  (so neurons repeat across the batch); the last `padded` rows have zero d_hidden (padding),
+  and some other slots too (winners with a* = 0)."""
+  rng = np.random.default_rng(seed)
+  addresses = np.abs(rng.normal(size=(r, n))).astype(np.float32)
+  addresses[rng.random(addresses.shape) < 0.5] = 0.0
+  addresses /= np.linalg.norm(addresses, axis=1, keepdims=True)
+  x = np.abs(rng.normal(size=(batch, n))).astype(np.float32)
+  x[rng.random(x.shape) < 0.6] = 0.0
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  winners = np.stack([rng.choice(r - 3, m, replace=False) for _ in range(batch)]).astype(np.int32)  # 3 untouched
+  d_hidden = (rng.normal(size=(batch, m)) * 0.05).astype(np.float32)
+  d_hidden[rng.random(d_hidden.shape) < 0.1] = 0.0
+  d_hidden[batch - padded:] = 0.0
+  values_sq = np.float32(rng.random() * 0.01)
+  return addresses, x, d_hidden, winners, values_sq
+
+
+def _numpy_update(addresses, x, d_hidden, winners, values_sq, learning_rate, clip_norm):
+  """The reference: dense gradient in float64, optax clip -> sgd, relu and L2 norm of the touched rows."""
+  r = addresses.shape[0]
+  d_act = np.zeros((x.shape[0], r))
+  np.add.at(d_act, (np.arange(x.shape[0])[:, None], winners), d_hidden)
+  grad = d_act.T @ x.astype(np.float64)  # [r, n]
+  norm = np.sqrt(np.sum(grad**2) + values_sq)
+  step = learning_rate * (clip_norm / norm if clip_norm and norm >= clip_norm else 1.0)
+  out = addresses.astype(np.float64).copy()
+  touched = np.unique(winners)
+  rows = np.maximum(out[touched] - step * grad[touched], 0.0)
+  norms = np.linalg.norm(rows, axis=1, keepdims=True)
+  out[touched] = rows / np.where(norms > 0, norms, 1.0)
+  return out, step, norm
+
+
+def test_kernel_builds_when_a_compiler_is_present():
+  if not HAVE_COMPILER:
+    assert not cpu_kernels.available() and "compiler" in cpu_kernels.build_error()
+    return
+  assert cpu_kernels.available(), cpu_kernels.build_error()
+  assert sparse.SparseSGD(0.1).address_kernel() == ("ffi" if jax.default_backend() == "cpu" else "xla")
+  assert sparse.SparseSGD(0.1, kernel="xla").address_kernel() == "xla"
+
+
+@needs_kernel
+@pytest.mark.parametrize("clip_factor", [None, 0.05, 20.0])  # no clip; clips; clip_norm above the norm
+def test_update_matches_numpy_and_the_xla_update(clip_factor):
+  addresses, x, d_hidden, winners, values_sq = _random_problem(0)
+  lr = 0.7
+  _, _, norm = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, None)
+  clip_norm = None if clip_factor is None else clip_factor * norm
+  want, want_step, _ = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, clip_norm)
+  got, step = jax.jit(functools.partial(cpu_kernels.sparse_update, learning_rate=lr, clip_norm=clip_norm))(
+      addresses, x, d_hidden, winners, values_sq)
+  np.testing.assert_allclose(float(step), want_step, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+  assert np.abs(want - addresses).max() > 1e-3  # not vacuous: the rows moved (>> atol)
+  np.testing.assert_array_equal(np.asarray(got)[-3:], addresses[-3:])  # untouched rows are left alone
+  spec = models.sdmlp(784, 40, 10, k=5)
+  sgd = sparse.SparseSGD(lr, clip_norm, kernel="xla")
+  xla, xla_step, fit = jax.jit(functools.partial(sparse._update_touched_rows, spec=spec, sgd=sgd, touched_capacity=40))(
+      addresses, x, d_hidden, winners, values_sq)
+  assert bool(fit)
+  np.testing.assert_allclose(float(step), float(xla_step), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(xla), atol=1e-5)
+
+
+@needs_kernel
+def test_update_zero_rows_and_out_of_range_winners():
+  """A touched row whose update is all negative becomes zero (no NaN); an id >= r is ignored."""
+  addresses, x, d_hidden, winners, values_sq = _random_problem(1, r=10, batch=8, m=2, padded=0)
+  winners[0] = [9, 10]  # 10 is out of range
+  x = np.full_like(x, 1 / np.sqrt(x.shape[1]))  # every coordinate of a touched row's gradient > 0
+  got, _ = cpu_kernels.sparse_update(addresses, x, np.full_like(d_hidden, 1e3), winners, values_sq,
+                                     learning_rate=1.0, clip_norm=None)
+  got = np.asarray(got)
+  assert np.all(np.isfinite(got))
+  assert np.all(got[np.unique(winners[winners < 10])] == 0.0)  # positive inputs, large positive gradient
+
+
+@needs_kernel
+def test_vmap_and_lax_map_equal_the_loop():
+  problems = [_random_problem(s) for s in range(3)]
+  stacked = [np.stack(a) for a in zip(*problems)]
+  fn = functools.partial(cpu_kernels.sparse_update, learning_rate=0.5, clip_norm=0.1)
+  want = [fn(*p) for p in problems]
+  for got in (jax.jit(jax.vmap(fn))(*stacked), jax.jit(lambda *a: jax.lax.map(lambda p: fn(*p), a))(*stacked)):
+    for i, (a, s) in enumerate(want):
+      np.testing.assert_allclose(np.asarray(got[0][i]), np.asarray(a), atol=1e-6)
+      np.testing.assert_allclose(float(got[1][i]), float(s), rtol=1e-6)
+  # Shared (unbatched) inputs are broadcast.
+  shared = jax.vmap(fn, in_axes=(0, None, None, None, None))(stacked[0], *problems[0][1:])
+  np.testing.assert_allclose(np.asarray(shared[0][0]), np.asarray(want[0][0]), atol=1e-6)
+
+
+@needs_kernel
+def test_no_copy_of_the_addresses_inside_the_scan():
+  """The addresses are aliased to the result: the scanned update does not copy the [r, n] buffer."""
+  addresses, x, d_hidden, winners, values_sq = _random_problem(2, r=37)
+
+  def run(a):
+    def body(a, _):
+      return cpu_kernels.sparse_update(a, x, d_hidden, winners, values_sq, learning_rate=0.1, clip_norm=1.0)
+    return jax.lax.scan(body, a, None, length=3)
+
+  hlo = jax.jit(run, donate_argnums=0).lower(addresses).compile().as_text()
+  assert "custom-call" in hlo
+  assert not [line for line in hlo.splitlines() if "f32[37,784]" in line and " copy(" in line]
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_task(per_task=500):
+  ds = data.load_dataset("mnist")
+  classes = data.task_classes(data.class_order(None), 2)[:2]
+  splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
+  x, y, sizes = data.pad_tasks([(a[: per_task - 50 * i], b[: per_task - 50 * i]) for i, (a, b) in enumerate(splits)])
+  return (jnp.asarray(x.reshape(x.shape[0], x.shape[1], -1)), jnp.asarray(y, jnp.int32), jnp.asarray(sizes))
+
+
+def _switched_states(spec, tx, seeds):
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
+  return states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
+
+
+@needs_kernel
+@pytest.mark.parametrize("clip_norm,lr,seed_loop", [(0.02, 0.5, "map"), (None, 0.3, "vmap")])
+def test_ffi_sparse_epochs_equal_dense_epochs(clip_norm, lr, seed_loop):
+  """The whole sparse step with the kernel: same params, counters and metrics as the dense
+  step over two tasks of two epochs, 40 neurons shared by every batch, two seeds."""
+  x, y, sizes = _mnist_task()
+  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=500.0)
+  tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
+                            projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
+  dense = train.make_train_block(**kwargs)
+  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, kernel="ffi"))
+  a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
+  for task in range(2):
+    a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
+    b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+    chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0),
+                                atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
+  start = _switched_states(spec, tx, [0, 1])
+  assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3
+
+
+def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
+  """No compiler: one warning, `available()` False, "auto" takes the XLA update (same result),
+  "ffi" raises."""
+  monkeypatch.setattr(cpu_kernels, "_state", {})
+  monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+  monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(tmp_path / "cache"))
+  with caplog.at_level(logging.WARNING):
+    assert not cpu_kernels.available()
+    assert not cpu_kernels.available()
+  assert "no-such-g++" in cpu_kernels.build_error()
+  assert len([r for r in caplog.records if "sparse step" in r.getMessage()]) == 1  # warned once
+  assert sparse.SparseSGD(0.1).address_kernel() == "xla"
+  with pytest.raises(RuntimeError, match="unavailable"):
+    sparse.SparseSGD(0.1, kernel="ffi").address_kernel()
+  with pytest.raises(ValueError, match="kernel"):
+    sparse.SparseSGD(0.1, kernel="cuda").address_kernel()
+  # The sparse step still runs (XLA update) and equals the forced-XLA step.
+  x, y, _ = _mnist_task()
+  spec = models.sdmlp(784, 12, 10, k=3, k_schedule="flat")
+  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optim.make_optimizer("sgd", 0.1), [0]))
+  state = state.replace(params=sparse.to_neuron_major(state.params))
+  xb, yb, valid = train.to_float_input(x[0, :32]), y[0, :32], jnp.ones(32, bool)
+  step = jax.jit(sparse.train_step, static_argnames=("spec", "sgd"))
+  auto, _ = step(state, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0))
+  forced, _ = step(state, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0, kernel="xla"))
+  chex.assert_trees_all_close(auto.params, forced.params, atol=0)
+
+
+def test_a_failed_compile_is_reported(monkeypatch, tmp_path):
+  """A compiler that runs but fails: `build` raises with its output; nothing is left in the cache."""
+  fake = tmp_path / "fake-cxx"
+  fake.write_text("#!/bin/sh\necho 'error: nope' >&2\nexit 1\n")
+  fake.chmod(0o755)
+  monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(tmp_path / "cache"))
+  with pytest.raises(RuntimeError, match="nope"):
+    cpu_kernels.build([str(fake)])
+  assert not list((tmp_path / "cache").iterdir())
