@@ -12,7 +12,9 @@ the slots (b, j) it won, B * m axpys of length n (1.3M multiply-adds at batch 12
 n = 784) instead of XLA's dense [touched, B] @ [B, n] matmul (50M); then the global-norm
 clip, the SGD step, ReLU and the L2 normalisation of the touched rows, in place (the
 addresses are aliased to the result, so XLA passes the buffer through without a copy).
-Source: `sdm_jax/csrc/sparse_update.cc`.
+`top_values_and_indices` is `layers.top_values_and_indices(a, m, axis=0)` in one pass over
+the neuron-major activations (each example keeps its m best so far). Source:
+`sdm_jax/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
 -march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else
@@ -41,9 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_update.cc"
-_SYMBOL = "SdmSparseUpdate"
-TARGET = "sdm_jax_sparse_update"
+_SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
+# FFI target name -> exported handler symbol.
+_TARGETS = {"sdm_jax_sparse_update": "SdmSparseUpdate", "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
+            "sdm_jax_sparse_winners": "SdmSparseWinners"}
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _BUILD_TIMEOUT_S = 300
 
@@ -81,7 +84,7 @@ def _library_path(compiler: list[str]) -> pathlib.Path:
                _cpu_flags().encode(), platform.machine().encode()):
     key.update(part)
     key.update(b"\0")
-  return cache_dir() / f"sparse_update-{key.hexdigest()[:20]}.so"
+  return cache_dir() / f"sparse_step-{key.hexdigest()[:20]}.so"
 
 
 def build(compiler: list[str] | None = None) -> pathlib.Path:
@@ -115,7 +118,9 @@ def _load() -> None:
     try:
       path = build()
       library = ctypes.cdll.LoadLibrary(str(path))
-      jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(library, _SYMBOL)), platform="cpu")
+      handlers = {target: jax.ffi.pycapsule(getattr(library, symbol)) for target, symbol in _TARGETS.items()}
+      for target, handler in handlers.items():
+        jax.ffi.register_ffi_target(target, handler, platform="cpu")
       _state.update(ok=True, error=None, path=str(path), library=library)
     except Exception as e:  # noqa: BLE001 -- any failure means: keep the XLA path
       _state.update(ok=False, error=f"{type(e).__name__}: {e}", path=None)
@@ -148,10 +153,51 @@ def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: 
   if not available():
     raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
   call = jax.ffi.ffi_call(
-      TARGET,
+      "sdm_jax_sparse_update",
       (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(values_sq.shape, jnp.float32)),
       input_output_aliases={0: 0},
       vmap_method="broadcast_all")
   return call(addresses.astype(jnp.float32), x.astype(jnp.float32), d_hidden.astype(jnp.float32),
               winners.astype(jnp.int32), jnp.asarray(values_sq, jnp.float32),
               learning_rate=np.float64(learning_rate), clip_norm=np.float64(clip_norm or 0.0))
+
+
+def top_values_and_indices(a, m: int):
+  """`layers.top_values_and_indices(a, m, axis=0)` on CPU: a [..., r, B] non-negative f32
+  (neuron-major) -> (values [..., B, m] descending, indices [..., B, m] int32), exact, ties
+  counted with multiplicity (the lower index first). Gradient-stopped."""
+  if not available():
+    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+  if a.ndim < 2 or not 1 <= m <= a.shape[-2]:
+    raise ValueError(f"expected a [..., r, B] with 1 <= m <= r, got shape {a.shape}, m={m}")
+  batch_shape = a.shape[:-2] + (a.shape[-1], m)
+  call = jax.ffi.ffi_call(
+      "sdm_jax_top_values_and_indices",
+      (jax.ShapeDtypeStruct(batch_shape, jnp.float32), jax.ShapeDtypeStruct(batch_shape, jnp.int32)),
+      vmap_method="expand_dims")
+  return call(jax.lax.stop_gradient(a).astype(jnp.float32))
+
+
+def sparse_winners(a, lam, *, k: int, capacity: int):
+  """The sparse step's active units from neuron-major activations, in one pass (after the switch).
+
+  a [..., r, B] non-negative f32, lam [..., r] the GABA lambdas (Eq. 8; ones for a fixed k).
+  With I_b the (k+1)-th largest a[:, b], returns hidden [..., B, capacity] (the `capacity`
+  largest relu(a[:, b] - lam I_b), descending), winners [..., B, capacity] int32 (their
+  neurons) and active [..., B] int32 (#{i : a[i, b] > lam_i I_b}; more than `capacity` means
+  the step dropped units). The same as `sparse.train_step`'s XLA selection, threshold, count
+  and `lax.cond` on the switch, in one call. Gradient-stopped.
+  """
+  if not available():
+    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+  if a.ndim < 2 or lam.shape != a.shape[:-1] or not (capacity >= 1 and max(k + 1, capacity) <= a.shape[-2]):
+    raise ValueError(f"expected a [..., r, B], lam [..., r], max(k + 1, capacity) <= r; got {a.shape}, "
+                     f"{lam.shape}, k={k}, capacity={capacity}")
+  shape = a.shape[:-2] + (a.shape[-1], capacity)
+  call = jax.ffi.ffi_call(
+      "sdm_jax_sparse_winners",
+      (jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32),
+       jax.ShapeDtypeStruct(shape[:-1], jnp.int32)),
+      vmap_method="broadcast_all")
+  return call(jax.lax.stop_gradient(a).astype(jnp.float32), jax.lax.stop_gradient(lam).astype(jnp.float32),
+              k=np.int64(k))

@@ -17,7 +17,9 @@ re-projection. The step therefore:
 
 1. forward: a = x X_a (the one dense matmul), the threshold, a*, and the
    values and indices of the (at most m) active units per example
-   (`layers.top_values_and_indices`); logits from those units;
+   (`layers.top_values_and_indices`; on CPU by default one C++ kernel,
+   `cpu_kernels.sparse_winners`, does the selection, the threshold, the GABA
+   count and both cases of the switch); logits from those units;
 2. backward by hand: d logits, then d a* for the k winners, d X_v as a scatter of
    k rows per example;
 3. d X_a, clipping and the update (`SparseSGD.kernel`):
@@ -95,10 +97,11 @@ class SparseSGD(NamedTuple):
   n = max(r // 2, min(r, 256)), else the per-slot path (10K neurons: the same
   speed, and no overflow). It applies to the XLA update only.
 
-  `kernel` picks the address update: "auto" (default) the C++ FFI kernel
-  (`cpu_kernels.sparse_update`: no capacity, ~4x faster at 1K neurons) when the
-  default backend is CPU and the kernel builds, else XLA; "xla" always the XLA
-  paths; "ffi" the kernel or an error (see `address_kernel`).
+  `kernel` picks how the selection and the address update run: "auto"
+  (default) the C++ FFI kernels (`cpu_kernels.sparse_winners` and
+  `cpu_kernels.sparse_update`: no touched capacity) when the default backend is
+  CPU and they build, else XLA; "xla" always the XLA paths; "ffi" the kernels
+  or an error (see `address_kernel`).
   """
 
   learning_rate: float
@@ -108,7 +111,7 @@ class SparseSGD(NamedTuple):
   kernel: str = "auto"
 
   def address_kernel(self) -> str:
-    """The address update this step uses: "ffi" (`cpu_kernels.sparse_update`) or "xla".
+    """The kernels this step uses: "ffi" (`cpu_kernels`) or "xla".
 
     `kernel` "auto" (default): "ffi" when the default backend is CPU and the kernel built
     (`cpu_kernels.available()`), else "xla" (GPU/TPU, or no C++ compiler: one warning).
@@ -188,6 +191,20 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
   # then run across contiguous batch entries.
   a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
   capacity = sgd.capacity(spec)
+  if sgd.address_kernel() == "ffi":
+    # Selection, threshold, GABA count and the switch's two cases in one CPU kernel.
+    lam = (layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations) if spec.k_schedule == "gaba"
+           else jnp.ones((spec.neurons,), jnp.float32))
+    hidden, winners, active = cpu_kernels.sparse_winners(a, lam, k=spec.k, capacity=capacity)
+    most_active = jnp.max(jnp.where(valid, active, 0)) if spec.k_schedule == "gaba" else jnp.int32(0)
+  else:
+    hidden, winners, most_active = _winners(a, valid, state.gaba_counts, spec=spec, capacity=capacity)
+  state, stats, touched_fit = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
+  return state, stats + (((most_active <= capacity) & touched_fit).astype(jnp.int32),)
+
+
+def _winners(a, valid, gaba_counts, *, spec, capacity):
+  """The active units' values [B, m] and neurons [B, m], and the most units any valid example fired."""
   top_values, top_indices = layers.top_values_and_indices(a, max(spec.k + 1, capacity), axis=0)
   threshold = top_values[:, spec.k]  # I of Eq. 4 / Eq. 8: the (k+1)-th largest
 
@@ -195,20 +212,17 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
     # lambda = +1 everywhere: the active units are the top k of a, reduced by I.
     return jax.nn.relu(top_values[:, :capacity] - threshold[:, None]), top_indices[:, :capacity]
 
-  if spec.k_schedule == "gaba":
-    lam = layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)[:, None]
-    # relu(a - lambda I) > 0 <=> a > lambda I: one fused counting pass.
-    most_active = jnp.max(jnp.where(valid, jnp.sum(a > lam * threshold, axis=0), 0))
+  if spec.k_schedule != "gaba":
+    return *winners_after_switch(), jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
+  lam = layers.gaba_lambda(gaba_counts, spec.gaba_switch_activations)[:, None]
+  # relu(a - lambda I) > 0 <=> a > lambda I: one fused counting pass.
+  most_active = jnp.max(jnp.where(valid, jnp.sum(a > lam * threshold, axis=0), 0))
 
-    def winners_during_switch():
-      return layers.top_values_and_indices(jax.nn.relu(a - lam * threshold), capacity, axis=0)
+  def winners_during_switch():
+    return layers.top_values_and_indices(jax.nn.relu(a - lam * threshold), capacity, axis=0)
 
-    hidden, winners = jax.lax.cond(jnp.all(lam >= 1.0), winners_after_switch, winners_during_switch)
-  else:
-    most_active = jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
-    hidden, winners = winners_after_switch()
-  state, stats, touched_fit = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
-  return state, stats + (((most_active <= capacity) & touched_fit).astype(jnp.int32),)
+  hidden, winners = jax.lax.cond(jnp.all(lam >= 1.0), winners_after_switch, winners_during_switch)
+  return hidden, winners, most_active
 
 
 def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):

@@ -1,4 +1,4 @@
-"""The CPU FFI kernel of the sparse step against numpy, the XLA update and the dense engine."""
+"""The CPU FFI kernels of the sparse step against numpy, a sort, the XLA step and the dense engine."""
 
 import functools
 import logging
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import cpu_kernels, data, models, optim, sparse, train
+from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
 
 HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not None
 needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
@@ -125,6 +125,52 @@ def test_no_copy_of_the_addresses_inside_the_scan():
   hlo = jax.jit(run, donate_argnums=0).lower(addresses).compile().as_text()
   assert "custom-call" in hlo
   assert not [line for line in hlo.splitlines() if "f32[37,784]" in line and " copy(" in line]
+
+
+@needs_kernel
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("r,m", [(203, 11), (40, 6), (11, 11), (5003, 11)])  # partial chunk; r < 8 m; m = r
+def test_top_values_and_indices_match_a_sort(ties, r, m):
+  rng = np.random.default_rng(r)
+  a = rng.random((r, 33)).astype(np.float32)  # neuron-major: 33 examples
+  if ties:
+    a = np.round(a * 5) / 5
+    a[rng.random(a.shape) < 0.4] = 0.0
+  a[:, -1] = 0.0  # an example with no activity
+  values, indices = map(np.asarray, jax.jit(lambda a: cpu_kernels.top_values_and_indices(a, m))(a))
+  np.testing.assert_array_equal(values, -np.sort(-a.T, axis=1)[:, :m])
+  np.testing.assert_array_equal(np.take_along_axis(a.T, indices, axis=1), values)
+  assert all(len(set(row)) == m for row in indices.tolist())  # distinct units, ties with multiplicity
+  if not ties:
+    xla_values, xla_indices = layers.top_values_and_indices(a, m, axis=0)
+    np.testing.assert_array_equal(indices, np.asarray(xla_indices))
+
+
+@needs_kernel
+@pytest.mark.parametrize("switched", [True, False])
+@pytest.mark.parametrize("k,capacity", [(4, 4), (4, 7)])
+def test_sparse_winners_match_the_xla_selection(switched, k, capacity):
+  """hidden, winners and the most active count equal `sparse._winners` (selection, threshold,
+  GABA count, the switch's lax.cond), after the switch and during it (some lambda < 1)."""
+  rng = np.random.default_rng(k + capacity)
+  r, batch = 60, 32
+  a = np.maximum(rng.normal(size=(r, batch)), 0).astype(np.float32)
+  spec = models.sdmlp(784, r, 10, k=k, gaba_switch_activations=100.0)
+  counts = np.full(r, 1e3, np.float32)
+  if not switched:
+    short = rng.random(r) < 0.3
+    counts[short] = rng.random(short.sum()) * 100  # lambda in [-1, 1), distinct (no ties in relu(a - lambda I))
+  valid = np.arange(batch) < batch - 3
+  lam = layers.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations)
+  hidden, winners, active = jax.jit(functools.partial(cpu_kernels.sparse_winners, k=k, capacity=capacity))(a, lam)
+  want_hidden, want_winners, want_most = jax.jit(functools.partial(sparse._winners, spec=spec, capacity=capacity))(
+      a, valid, counts)
+  np.testing.assert_allclose(np.asarray(hidden), np.asarray(want_hidden), atol=1e-6)
+  fired = np.asarray(want_hidden) > 0
+  np.testing.assert_array_equal(np.asarray(winners)[fired], np.asarray(want_winners)[fired])
+  assert int(np.max(np.where(valid, np.asarray(active), 0))) == int(want_most)
+  if not switched:
+    assert int(want_most) > k  # units short of lambda = 1 fire beyond the top k
 
 
 @functools.lru_cache(maxsize=None)
