@@ -9,8 +9,8 @@ For each (input size n, neurons r) it measures, in this process:
 - one epoch of training (N = 12,665 examples: MNIST task 0 at n = 784, random pixels at other
   sizes or with --data=random; batch 128, SGD lr 0.05,
   clip 1.0, the SDM projection) for: SDMLP after the GABA switch (k = 10) with the dense step and
-  with the sparse step (`sdm_jax/sparse.py`; the default address update, i.e. the C++ FFI kernel
-  of `sdm_jax/cpu_kernels.py` on CPU when it builds, and the "sparse_xla" row with the XLA one),
+  with the sparse step (`sdm_jax/sparse.py`; by default the C++ FFI kernels of
+  `sdm_jax/cpu_kernels.py` on CPU when they build, and the "sparse_xla" row with XLA only),
   SDMLP during the switch (every neuron active), SDMLP with linear k annealing (traced k = 500,
   bisection threshold), the ReLU MLP, and, when torch is installed, the same SDMLP loop after the
   switch in PyTorch eager (`torch.topk`, autograd, `clip_grad_norm_`, `torch.optim.SGD`, clamp and
@@ -47,7 +47,7 @@ _MODES = flags.DEFINE_list("modes", ["switched", "sparse", "sparse_xla", "switch
                            "Which rows to time (torch is skipped when torch is not installed).")
 _LR = 0.05
 LABELS = {"switched": "SDMLP k=10 after switch, dense step", "sparse": "SDMLP k=10 after switch, sparse step",
-          "sparse_xla": "SDMLP k=10 after switch, sparse step, XLA address update",
+          "sparse_xla": "SDMLP k=10 after switch, sparse step, XLA kernels",
           "switching": "SDMLP during switch (all active)", "linear": "SDMLP linear anneal (k=500)",
           "relu": "ReLU MLP", "torch": "PyTorch eager SDMLP k=10 after switch"}
 
@@ -105,8 +105,8 @@ def _data(n: int, examples: int):
 
 
 def _sparse_sgd(mode: str) -> sparse.SparseSGD | None:
-  """The sparse row: the default (auto) address update, the FFI kernel on CPU when it builds;
-  the sparse_xla row forces the XLA one (`sparse.SparseSGD.kernel`)."""
+  """The sparse row: the default (auto) kernels, the C++ FFI ones on CPU when they build;
+  the sparse_xla row forces XLA (`sparse.SparseSGD.kernel`)."""
   if mode == "sparse":
     return sparse.SparseSGD(_LR, 1.0)
   if mode == "sparse_xla":
@@ -222,12 +222,13 @@ def main(argv):
   torch_note = ""
   if "torch" in _MODES.value and "torch" not in modes:
     torch_note = " | torch not installed: no PyTorch row (pip install -e .[torch])"
-  else:
+  elif "torch" in modes:
     import torch
     torch_note = f" | torch {torch.__version__} ({torch.get_num_threads()} threads)"
   print(f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()}, {os.cpu_count()} cpus | "
         f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind}){torch_note} | "
-        f"N={examples} examples/epoch, batch {batch}, float32")
+        f"N={examples} examples/epoch, batch {batch}, float32 | "
+        f"sparse step kernels: {sparse.SparseSGD(_LR).address_kernel()}")
   print("| n | r | row | active/ex | epoch s | matmul GFLOP/s | dense floor s | / floor | PyTorch / this |")
   print("|---|---|---|---|---|---|---|---|---|")
   for n in map(int, _INPUT_SIZES.value):
