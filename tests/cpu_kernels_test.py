@@ -249,3 +249,18 @@ def test_a_failed_compile_is_reported(monkeypatch, tmp_path):
   with pytest.raises(RuntimeError, match="nope"):
     cpu_kernels.build([str(fake)])
   assert not list((tmp_path / "cache").iterdir())
+
+
+@needs_kernel
+def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_path):
+  """The cache dir cannot be created (its parent is a file): the library is built under the
+  temp dir instead, atomically (no temporary file is left), and found there the next time."""
+  blocker = tmp_path / "a-file"
+  blocker.write_text("")
+  monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(blocker / "cache"))
+  monkeypatch.setattr(cpu_kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
+  path = cpu_kernels.build()
+  assert path.is_file() and path.is_relative_to(tmp_path / "tmp")
+  assert [p.name for p in path.parent.iterdir()] == [path.name]
+  assert cpu_kernels.build() == path
