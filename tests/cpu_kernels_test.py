@@ -187,31 +187,6 @@ def _switched_states(spec, tx, seeds):
   return states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
 
 
-@needs_kernel
-@pytest.mark.parametrize("clip_norm,lr,seed_loop", [(0.02, 0.5, "map"), (None, 0.3, "vmap")])
-def test_ffi_sparse_epochs_equal_dense_epochs(clip_norm, lr, seed_loop):
-  """The whole sparse step with the kernel: same params, counters and metrics as the dense
-  step over two tasks of two epochs, 40 neurons shared by every batch, two seeds."""
-  x, y, sizes = _mnist_task()
-  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=500.0)
-  tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
-                            projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
-  dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, kernel="ffi"))
-  a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
-  for task in range(2):
-    a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
-    b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
-    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
-    chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0),
-                                atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
-  start = _switched_states(spec, tx, [0, 1])
-  assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3
-
-
 def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
   """No compiler: one warning, `available()` False, "auto" takes the XLA update (same result),
   "ffi" raises."""

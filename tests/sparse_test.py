@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import data, layers, models, optim, sparse, train
+from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,20 +72,25 @@ def _switched_states(spec, tx, seeds):
   return states
 
 
-@pytest.mark.parametrize("max_touched", [0, 40])  # per-slot scatters; distinct rows + matmul
+# XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/cpu_kernels.py)
+# under lax.map and under vmap over seeds.
+@pytest.mark.parametrize("max_touched,kernel,seed_loop", [(0, "xla", "auto"), (40, "xla", "auto"),
+                                                          (None, "ffi", "map"), (None, "ffi", "vmap")])
 @pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"),
                                                      (None, 0.3, "flat")])
-def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched):
+def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched, kernel, seed_loop):
   """Same params, counters and metrics as the dense step, with neurons shared across each batch
-  (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on both address paths."""
+  (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on every address path."""
+  if kernel == "ffi" and not cpu_kernels.available():  # tests/cpu_kernels_test.py asserts it builds with g++
+    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
   tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
                             projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
+  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
   dense = train.make_train_block(**kwargs)
   fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched,
-                                                                      kernel="xla"))
+                                                                      kernel=kernel))
   a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
   for task in range(2):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
