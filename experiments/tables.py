@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from sdm_jax import experiment
+from sdm_jax import checkpoint, experiment
 
 
 def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: int, seeds, data_dir: str):
@@ -36,13 +36,18 @@ def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: i
 
 
 def _finished(workdir: pathlib.Path, config) -> dict | None:
-  """The row's results if it already finished with exactly this config."""
+  """The row's results if it already finished with this config.
+
+  Fields that do not change the results (`checkpoint.RESUMABLE_FIELDS`: the
+  checkpoint cadence and the device mesh) may differ, as they may when resuming.
+  """
   try:
     results = json.loads((workdir / "results.json").read_text())
     saved = json.loads((workdir / "config.json").read_text())
   except (OSError, ValueError):
     return None
-  if results.get("status") != "finished" or saved != json.loads(config.to_json_best_effort(sort_keys=True)):
+  current = json.loads(config.to_json_best_effort(sort_keys=True))
+  if results.get("status") != "finished" or checkpoint.config_differences(saved, current):
     return None
   return results
 

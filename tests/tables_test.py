@@ -64,6 +64,19 @@ def test_finished_needs_status_finished(tmp_path):
   assert tables._finished(tmp_path, config) == {"status": "finished"}
 
 
+def test_finished_ignores_only_fields_that_do_not_change_results(tmp_path):
+  config = _configs()["flymodel"]
+  saved = json.loads(config.to_json_best_effort(sort_keys=True))
+  saved["mesh"] = {"seed": 2, "data": 1}  # another device layout
+  saved["checkpoint_every_epochs"] = 7
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  (tmp_path / "results.json").write_text(json.dumps({"status": "finished"}))
+  assert tables._finished(tmp_path, config) == {"status": "finished"}
+  saved["seeds"] = [5]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  assert tables._finished(tmp_path, config) is None
+
+
 def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch):
   configs = _configs()
   # "Another process" finishes the FlyModel row in the shared workdir.
