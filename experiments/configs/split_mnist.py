@@ -37,12 +37,13 @@ seeds (0, 1, 2) as one program per row, final full-test accuracy mean ± s.e.m.;
   flymodel 0.773 ± 0.007        flymodel_10k 0.909 ± 0.001
 The 500-epoch schedule (the paper's), same machine, 3 seeds as one program per row
 (experiments/results/split_mnist_full/; 35 min per 1K row on a quiet machine, up to 2h16m on a
-shared one; SI not run yet):
+shared one):
   sdmlp 0.504 ± 0.003 (35m30s)   sdmlp_ewc 0.830 ± 0.005 (paper 0.83)   ewc 0.213 ± 0.009
   relu 0.198 ± 0.000             flymodel 0.773 ± 0.007                  flymodel_10k 0.909 ± 0.001
   oracle (100 epochs) 0.982 ± 0.000 (paper 0.98)   sdmlp_k1 0.665 ± 0.011 (paper 0.69)
-  mas 0.226 ± 0.006 (paper 0.49)   topk 0.197 ± 0.000 (paper 0.22)
-EWC and MAS are far below the paper at both schedules (see the results READMEs).
+  mas 0.226 ± 0.006 (paper 0.49)   topk 0.197 ± 0.000 (paper 0.22)   si 0.169 ± 0.040 (paper 0.36)
+EWC and MAS are far below the paper at both schedules: their penalties are too weak to hold the earlier
+tasks. SI at 500 epochs per task is too stiff, with some importances negative (see the results READMEs).
 """
 
 import ml_collections
