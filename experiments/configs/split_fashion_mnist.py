@@ -25,9 +25,9 @@ the ten rows on the shared machine (experiments/results/split_fashion_mnist_quic
   sdmlp_ewc 0.657 ± 0.013 (0.74)            sdmlp_k1 0.650 ± 0.011 (0.73)   sdmlp 0.519 ± 0.016 (0.53)
   ewc 0.240 ± 0.018 (0.68)   mas 0.210 ± 0.001 (0.33)   topk 0.200 (0.23)   relu 0.200 (0.21)
   oracle (20 epochs) 0.868 ± 0.001 (0.90)
-The paper's 500 epochs per task, 3 seeds (2026-11-23, same machine, shared; 1h26m;
+The paper's 500 epochs per task, 3 seeds (2026-11-23, same machine, shared;
 experiments/results/split_fashion_mnist_full/):
-  sdmlp_ewc 0.727 ± 0.000 (0.74)
+  sdmlp_ewc 0.727 ± 0.000 (0.74; 1h26m)   sdmlp 0.484 ± 0.010 (0.53)
 """
 
 import ml_collections
