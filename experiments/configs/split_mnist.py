@@ -11,9 +11,9 @@ k=10), `sdmlp_10k`, `flymodel`, `flymodel_10k`, `ewc`, `ewc_10k`, `mas`,
 `mas_10k`, `si`, `topk`, `relu`, `sdmlp_ewc`, `sdmlp_ewc_10k`, `oracle`,
 `oracle_10k`; plus `l2` (Table 9). Not implemented: Table 7's NISPA (0.40) and
 Active Dendrites (0.20) rows, which the paper ran with those methods' own
-codebases (task-incremental methods, three 400-unit layers for NISPA). Baselines are the ReLU MLP with a
-regulariser; the Oracle is the ReLU MLP trained on all ten classes at once
-(100 epochs; quick 20). `python -m experiments.reproduce --table=split_mnist`
+codebases (task-incremental methods, three 400-unit layers for NISPA).
+Baselines are the ReLU MLP with a regulariser; the Oracle is the ReLU MLP
+trained on all ten classes at once (100 epochs; quick 20). `python -m experiments.reproduce --table=split_mnist`
 runs them all and writes the table.
 Size options (after a comma): `full` (default: the reference's 500 epochs per
 task), `quick` (50 epochs per task; GABA T and the Top-K k schedule scaled by
