@@ -15,8 +15,9 @@ and `report.md` into --out (default: WORKDIR/analysis of the first workdir):
   full-test accuracy of every run against epochs.
 
 Neuron figures use `final_state.npz` and at most --max_examples training
-examples of every task (balanced over classes), as the reference's entropy
-cell (reference-code §6). Without final_state.npz they are skipped and the
+examples of every task (balanced over classes), as the authors' entropy cell
+(TrentBrick/SDMContinualLearner, notebooks/Targeted_InvestigatingContinualLearning.ipynb;
+docs/reference_code.md#analysis). Without final_state.npz they are skipped and the
 report says so. Needs the `analysis` extra (matplotlib; umap-learn unless
 --no_umap).
 """
@@ -39,7 +40,6 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sdm_jax import analysis, experiment  # noqa: E402
-from sdm_jax import data as data_lib  # noqa: E402
 
 _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "Run directory of experiments.split_mnist (repeatable).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: FIRST_WORKDIR/analysis).")
@@ -235,7 +235,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   config = ml_collections.ConfigDict(run["config"])
   spec = experiment.model_spec(config)
   seeds, params, gaba_counts = experiment.load_final_state(run["final_state"])
-  dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  dataset = experiment.load_data(config)
   images, labels = dataset["train_images"], np.asarray(dataset["train_labels"]).astype(np.int64)
   keep = analysis.balanced_subset(labels, max_examples, seed=seed)
   x, y = images[keep].reshape(len(keep), -1), labels[keep]
@@ -439,7 +439,8 @@ def write_report(runs: list[dict], figures: list[tuple[str, str]], notes: list[s
     n_ex = measured[0]["neurons"]["num_examples"]
     lines += [f"Computed on {n_ex} training examples drawn evenly from the 10 classes (every task's training data; "
               f"--max_examples={max_examples}), passed through each seed's final parameters (`final_state.npz`). "
-              "Entropy as the authors' notebook (reference-code §6): a neuron is active on an example when its "
+              "Entropy as the authors' notebook (TrentBrick/SDMContinualLearner, notebooks/"
+              "Targeted_InvestigatingContinualLearning.ipynb): a neuron is active on an example when its "
               "post-Top-K activation is > 0.001; its class distribution p over the 10 classes (zeros replaced by "
               "1e-15) has entropy −Σ p ln p in nats (maximum ln 10 = 2.303); neurons that never fire are left out; "
               "the weighted mean weights each neuron by its share of all activations (paper Table 10).", ""]

@@ -75,10 +75,10 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
   counters) and runs the hidden layer in evaluation mode over all test images
   of all classes, so a unit kept for an earlier task is alive here.
   """
-  from sdm_jax import analysis, data as data_lib, experiment
+  from sdm_jax import analysis, experiment
 
   seeds, params, gaba_counts = experiment.load_final_state(workdir / "final_state.npz")
-  dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  dataset = experiment.load_data(config)
   spec = experiment.model_spec(config)
   dead = []
   for i in range(len(seeds)):

@@ -1,4 +1,4 @@
-r"""Train the ConvMixer embedder (reference §3), data-parallel, and save it for `experiments.embed`.
+r"""Train the ConvMixer embedder, data-parallel, and save it for `experiments.embed`.
 
     python -m experiments.train_convmixer --config=experiments/configs/convmixer.py:quick \
         --workdir=/tmp/convmixer_quick
@@ -7,6 +7,9 @@ Writes to WORKDIR: `checkpoints/<epoch>/` (the whole training state each epoch; 
 same config resumes), `embedder/` (the final params + BatchNorm statistics and the config, which
 `experiments.embed --embedder=WORKDIR` reads), `results.json` (test accuracy, wall time, data
 source; `lossy` is true on the JPEG stand-in) and progress lines on stderr.
+
+The `full` recipe is the authors' ConvMixer settings (docs/reference_code.md#convmixer-embedder);
+the variants are in experiments/configs/convmixer.py.
 """
 
 from __future__ import annotations
@@ -134,7 +137,9 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   restored = checkpoint.restore_latest(mgr, state, config_dict)
   epoch0, history, prior_wall = 0, [], 0.0
   if restored is not None:
-    state, progress = restored
+    state, progress = restored.states, restored.progress
+    for where, moved in zip(restored.unreadable, checkpoint.set_aside(mgr, restored.unreadable)):
+      _log(f"checkpoint {where[0]} could not be restored ({where[1]}); moved to {moved}")
     epoch0, history, prior_wall = progress["epoch"], progress["history"], progress["wall_s"]
     _log(f"resumed from {mgr.directory}/{epoch0} (epoch {epoch0})")
   state = convmixer.replicate(state, mesh)

@@ -5,7 +5,8 @@ Synopsis::
     manager = checkpoint.manager(workdir, max_to_keep=2)
     restored = checkpoint.restore_latest(manager, abstract_states, config_dict)   # None on a fresh run
     if restored is not None:
-      states, progress = restored
+      states, progress = restored.states, restored.progress
+      checkpoint.set_aside(manager, restored.unreadable)   # newer ones that could not be read
     ...
     checkpoint.save(manager, blocks_done, states, progress, config_dict)
 
@@ -21,7 +22,8 @@ What is saved (one orbax checkpoint per save, `WORKDIR/checkpoints/<blocks done>
 
 Orbax writes each checkpoint into a temporary directory and renames it when
 complete, so a save interrupted by a crash leaves the previous checkpoint as
-the latest one. Saves are synchronous: the engine donates the state buffers to
+the latest one. A checkpoint damaged some other way (a disk, a copy cut short)
+is skipped on resume for the newest one that restores, and set aside. Saves are synchronous: the engine donates the state buffers to
 the next block, so an asynchronous save could read freed memory.
 """
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from absl import logging
 import jax
@@ -51,9 +53,13 @@ def _quiet() -> Iterator[None]:
     logging.set_verbosity(verbosity)
 
 
-def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
-  """A CheckpointManager over `workdir/checkpoints`, synchronous, keeping the last `max_to_keep`."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
+def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2, create: bool = True) -> ocp.CheckpointManager:
+  """A CheckpointManager over `workdir/checkpoints`, synchronous, keeping the last `max_to_keep`.
+
+  `create=False` writes nothing (a missing folder reads as no checkpoints): for
+  checking a workdir before a run is accepted; create the folder before saving.
+  """
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False)
   with _quiet():
     return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / "checkpoints", options=options)
 
@@ -66,6 +72,11 @@ def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: 
     mgr.wait_until_finished()
 
 
+# Fields added after runs were saved without them: a saved config that lacks one is read as
+# having this value, so runs saved before the field existed still resume and still count as finished.
+ADDED_FIELD_DEFAULTS = {"data_source": "local", "model.gaba_switch_epochs": 0.0}
+
+
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
   """Dotted names of the fields whose values differ (or exist on one side only)."""
   differences = []
@@ -74,6 +85,8 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
     if name in RESUMABLE_FIELDS and not prefix:
       continue
     a, b = saved.get(name, "<missing>"), current.get(name, "<missing>")
+    if a == "<missing>" and field in ADDED_FIELD_DEFAULTS and b == ADDED_FIELD_DEFAULTS[field]:
+      continue
     if isinstance(a, dict) and isinstance(b, dict):
       differences += config_differences(a, b, prefix=field + ".")
     elif a != b:
@@ -81,35 +94,76 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
   return differences
 
 
-def restore_latest(mgr: ocp.CheckpointManager, abstract_states, config: dict) -> tuple[Any, dict] | None:
-  """(states, progress) from the newest checkpoint, or None if there is none.
+class Restored(NamedTuple):
+  """What `restore_latest` found: the state and progress of checkpoint `step`, and the newer
+  checkpoints that could not be read (`unreadable`: (directory, one-line reason), newest first)."""
+  states: Any
+  progress: dict
+  step: int
+  unreadable: list[tuple[pathlib.Path, str]]
 
-  Raises ValueError if the checkpoint was written by a different config (naming
-  the fields) or cannot be read (naming the directory).
+
+def restore_latest(mgr: ocp.CheckpointManager, abstract_states, config: dict) -> Restored | None:
+  """The newest checkpoint that restores, or None if there is none at all.
+
+  A checkpoint that cannot be read (a crash mid-write on a filesystem without
+  atomic renames, a damaged disk) is skipped for the next older one and
+  reported in `Restored.unreadable`; `set_aside` moves such folders out of the
+  way. Raises ValueError, before anything is written, if the newest readable
+  checkpoint was saved with a different config (naming the fields), or if
+  checkpoints exist but none can be read (naming each).
   """
   with _quiet():
     return _restore_latest(mgr, abstract_states, config)
 
 
+def _one_line(e: Exception) -> str:
+  """An exception as one short line (orbax and TensorStore errors run to pages)."""
+  lines = str(e).strip().splitlines()
+  text = lines[0] if lines else ""
+  return f"{type(e).__name__}: {text[:200]}"
+
+
 def _restore_latest(mgr, abstract_states, config):
-  step = mgr.latest_step()
-  if step is None:
-    return None
-  where = pathlib.Path(mgr.directory) / str(step)
-  try:
-    saved_config = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
-  except Exception as e:  # orbax raises several types for missing/corrupt items
-    raise ValueError(f"checkpoint {where} is not a readable sdm_jax checkpoint ({type(e).__name__}: {e}); "
-                     "delete it (or the whole checkpoints folder) to start afresh") from e
-  differences = config_differences(saved_config, config)
-  if differences:
-    raise ValueError(f"refusing to resume {where}: the config differs in " + "; ".join(differences)
-                     + ". Rerun with the same config, or use a new --workdir.")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_states)
-  try:
-    restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                         progress=ocp.args.JsonRestore()))
-  except Exception as e:
-    raise ValueError(f"checkpoint {where} could not be restored ({type(e).__name__}: {e}); delete it to "
-                     "fall back to the previous one, or use a new --workdir") from e
-  return restored["state"], restored["progress"]
+  unreadable = []
+  for step in sorted(mgr.all_steps(), reverse=True):
+    where = pathlib.Path(mgr.directory) / str(step)
+    try:
+      saved_config = mgr.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    except Exception as e:  # orbax raises several types for missing/corrupt items
+      unreadable.append((where, _one_line(e)))
+      continue
+    differences = config_differences(saved_config, config)
+    if differences:
+      raise ValueError(f"refusing to resume {where}: the config differs in " + "; ".join(differences)
+                       + ". Rerun with the same config, or use a new --workdir.")
+    try:
+      restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                           progress=ocp.args.JsonRestore()))
+    except Exception as e:
+      unreadable.append((where, _one_line(e)))
+      continue
+    return Restored(restored["state"], restored["progress"], step, unreadable)
+  if unreadable:
+    raise ValueError(f"no checkpoint in {mgr.directory} can be restored: "
+                     + "; ".join(f"{where.name}: {reason}" for where, reason in unreadable)
+                     + ". Delete the checkpoints folder to start afresh, or use a new --workdir.")
+  return None
+
+
+def set_aside(mgr: ocp.CheckpointManager, unreadable: list[tuple[pathlib.Path, str]]) -> list[pathlib.Path]:
+  """Moves unreadable checkpoint folders to `<workdir>/checkpoints_unreadable/` (kept for
+  inspection, out of orbax's way: a newer unreadable step would otherwise be the one the
+  next save replaces or the next resume tries first). Returns where each went."""
+  moved = []
+  for where, _ in unreadable:
+    target = where.parent.parent / "checkpoints_unreadable" / where.name
+    n = 1
+    while target.exists():
+      target, n = target.with_name(f"{where.name}.{n}"), n + 1
+    target.parent.mkdir(exist_ok=True)
+    where.rename(target)
+    moved.append(target)
+  mgr.reload()
+  return moved

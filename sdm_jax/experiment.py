@@ -57,10 +57,59 @@ def _fail(field: str, message: str):
   raise ValueError(f"config.{field}: {message}")
 
 
+# Integer fields (a float or bool here would fail deep inside JAX, or silently truncate).
+INT_FIELDS = ("num_classes", "classes_per_task", "epochs_per_task", "eval_every", "batch_size",
+              "checkpoint_every_epochs", "keep_checkpoints", "pretrained_index", "model.input_size",
+              "model.num_classes", "model.neurons", "model.k", "model.k_max", "model.k_transition_epochs",
+              "model.n_response")
+# A task whose switch has not got this far (mean lambda of Eq. 8 over neurons; -1 none, 1 all) is
+# reported: the reference's own Split MNIST runs end task 1 at 0.72-0.76 (experiments/results).
+GABA_INCOMPLETE_LAMBDA = 0.5
+
+
+def _leaves(config, prefix=""):
+  for name, value in config.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      yield from _leaves(value, prefix + name + ".")
+    else:
+      yield prefix + name, value
+
+
+def _validate_values(config: ml_collections.ConfigDict) -> None:
+  """Types and ranges that hold for every field: finite numbers, integer counts, integer seeds."""
+  leaves = dict(_leaves(config))
+  for field, value in leaves.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      _fail(field, f"must be a finite number, got {value}")
+    if field in INT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+      _fail(field, f"must be an integer, got {value!r}")
+  seeds = config.seeds
+  if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (tuple, list)):
+    _fail("seeds", f"must be a tuple of integers, e.g. --config.seeds='(0,1,2)', got {seeds!r}")
+  for seed in seeds:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      _fail("seeds", f"must be integers, got {seed!r} in {tuple(seeds)}")
+    if not 0 <= seed < 2**32:  # numpy's RandomState (the class orders) takes no other
+      _fail("seeds", f"must be in [0, 2**32), got {seed} in {tuple(seeds)}")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the offending field. Runs before anything compiles."""
+  """Raises ValueError naming the offending field. Runs before anything is written or compiled.
+
+  What needs the data (batch size against the smallest task, GABA T from
+  `model.gaba_switch_epochs`) is checked once it is loaded (`check_against_data`).
+  """
+  _validate_values(config)
   if config.dataset not in DATASETS:
     _fail("dataset", f"unknown dataset {config.dataset!r}; choose one of {sorted(DATASETS)}")
+  source = config.get("data_source", "local")
+  if source not in data_lib.SOURCES:
+    _fail("data_source", f"must be one of {data_lib.SOURCES}, got {source!r}")
+  if source == "tfds" and config.dataset not in ("mnist", "fashion_mnist"):
+    _fail("data_source", f"'tfds' applies to mnist and fashion_mnist; {config.dataset!r} has its own loader")
+  if source == "tfds" and not config.get("data_dir"):
+    _fail("data_dir", "data_source='tfds' downloads the dataset into data_dir: name a folder "
+          "(--config.data_dir=DIR)")
   m = config.model
   if m.kind not in MODEL_KINDS:
     _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
@@ -81,6 +130,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   elif m.kind != "relu" and m.k_schedule != "none":
     if not 1 <= m.k < m.neurons:
       _fail("model.k", f"k must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
+    if m.k_max < 0:
+      _fail("model.k_max", f"must be >= 0 (0: neurons), got {m.k_max}")
     if m.k_max and m.k_max < m.k:
       _fail("model.k_max", f"k_target (model.k = {m.k}) > k_max ({m.k_max})")
     if m.k_max and m.k_max > m.neurons:
@@ -89,6 +140,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("model.gaba_switch_activations", f"must be positive, got {m.gaba_switch_activations}")
     if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
       _fail("model.k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
+  if m.get("gaba_switch_epochs", 0.0) < 0:
+    _fail("model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}")
+  if m.get("gaba_switch_epochs", 0.0) > 0 and (m.kind == "flymodel" or m.k_schedule != "gaba"):
+    _fail("model.gaba_switch_epochs", f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
+          f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}")
   if not 0.0 <= m.dropout < 1.0:
     _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
   if m.threshold_method not in layers.THRESHOLD_METHODS:
@@ -100,10 +156,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
   if o.clip_norm < 0:
     _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
+  if not 0.0 <= o.momentum < 1.0:
+    _fail("optimizer.momentum", f"must be in [0, 1), got {o.momentum}")
+  if o.weight_decay < 0:
+    _fail("optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
   r = config.get("regularizer")
   if r is not None:
     if r.method not in ("none",) + regularizers.METHODS:
       _fail("regularizer.method", f"unknown regularizer {r.method!r}; choose one of {('none',) + regularizers.METHODS}")
+    if not 0.0 < r.decay <= 1.0:
+      _fail("regularizer.decay", f"must be in (0, 1], got {r.decay}")
     if r.method != "none" and not r.strength > 0:
       _fail("regularizer.strength", f"must be > 0 with regularizer {r.method!r}, got {r.strength}")
     if not r.beta > 0:
@@ -133,6 +195,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("seeds", f"seeds must be distinct, got {tuple(config.seeds)}")
   if config.class_order not in CLASS_ORDERS:
     _fail("class_order", f"must be one of {CLASS_ORDERS}, got {config.class_order!r}")
+  if config.classes_per_task < 1 or config.num_classes < config.classes_per_task:
+    _fail("classes_per_task", f"must be in [1, num_classes = {config.num_classes}], got {config.classes_per_task}")
   if config.num_classes % config.classes_per_task:
     _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
   if config.num_classes != m.num_classes:
@@ -232,12 +296,19 @@ def check_same_data(progress: dict, identity: dict | None, where: pathlib.Path) 
   return None
 
 
+def load_data(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The run's dataset (`data.load_dataset`) from `dataset`, `data_dir` and `data_source`."""
+  source = config.get("data_source", "local")
+  return data_lib.load_dataset(config.dataset, config.data_dir or None,
+                               **({"source": source} if config.dataset in ("mnist", "fashion_mnist") else {}))
+
+
 def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Loads the dataset and returns padded per-task arrays on the device.
 
   Arrays have a leading seed axis only when seeds have different class orders.
   """
-  dataset = data_lib.load_dataset(config.dataset, config.data_dir or None)
+  dataset = load_data(config)
   features = int(np.prod(dataset["train_images"].shape[1:]))
   if features != config.model.input_size:
     _fail("model.input_size", f"{config.model.input_size} does not match the {features} features of "
@@ -276,6 +347,55 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return tasks
 
 
+def check_against_data(config: ml_collections.ConfigDict, tasks: dict) -> ml_collections.ConfigDict:
+  """What validation needs the data for; returns the config to run, with GABA T resolved.
+
+  Raises ValueError naming the field if `batch_size` exceeds the smallest
+  task's training examples (a larger batch only pads, and a huge one can
+  exhaust memory). With `model.gaba_switch_epochs = E > 0`, returns a copy
+  whose `model.gaba_switch_activations` is T = E x the first task's training
+  examples (the smallest over the seeds' class orders): before the switch
+  every neuron fires for every example, so C_i of Eq. 8 reaches T after E
+  epochs of the first task. The reference's T = 5M on Split MNIST (12,665
+  examples in task 1) is E = 395; its quick schedule's T = 500K is E = 39.5.
+  """
+  sizes = np.asarray(tasks["train_sizes"]).reshape(-1, np.asarray(tasks["train_sizes"]).shape[-1])
+  smallest = int(sizes.min())
+  if config.batch_size > smallest and config.model.kind != "flymodel":  # (one pass, no batches)
+    _fail("batch_size", f"{config.batch_size} is larger than the smallest task, which has {smallest} training "
+          f"examples (task sizes: {sorted(set(sizes.ravel().tolist()))}); use at most {smallest}")
+  epochs = float(config.model.get("gaba_switch_epochs", 0.0))
+  if epochs <= 0:
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.gaba_switch_activations = float(epochs * sizes[:, 0].min())
+  return config
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Refuses, before anything is written, a workdir that holds another run's results.
+
+  A workdir's config.json must describe the run whose results lie beside it.
+  A workdir with results.json, final_state.npz or checkpoints from a different
+  config (fields that change results: `checkpoint.config_differences`) is
+  refused, naming the fields; rerunning the same config resumes or rewrites
+  the same results. The checkpoints' own config is checked again on restore.
+  """
+  saved_path = workdir / "config.json"
+  holds_results = any((workdir / name).exists() for name in ("results.json", "final_state.npz", "checkpoints"))
+  if not (saved_path.is_file() and holds_results):
+    return
+  try:
+    saved = json.loads(saved_path.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"refusing to reuse {workdir}: its config.json cannot be read ({e}); use a new --workdir") from e
+  differences = checkpoint.config_differences(saved, json.loads(config.to_json_best_effort(sort_keys=True)))
+  if differences:
+    raise ValueError(f"refusing to reuse {workdir}: it holds the results of a run whose config differs in "
+                     + "; ".join(d.replace("checkpoint:", "workdir:") for d in differences)
+                     + ". Rerun with the same config, or use a new --workdir.")
+
+
 def _lossy_note(tasks) -> str:
   return "; LOSSY stand-in: not the real dataset" if tasks.get("lossy") else ""
 
@@ -291,8 +411,21 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
+def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path, is_main: bool) -> None:
+  workdir.mkdir(parents=True, exist_ok=True)
+  if is_main:
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-  """Runs the class-incremental protocol for every seed (vmapped) and writes the results."""
+  """Runs the class-incremental protocol for every seed (vmapped) and writes the results.
+
+  Everything that can refuse the run does so before anything is written:
+  the config (`validate_config`), the pretrained model, the data (loaded
+  first; `check_against_data`), the workdir (`check_workdir`) and its
+  checkpoints' config. A refused run leaves the workdir byte for byte as it was.
+  """
+  start_time = time.time()
   validate_config(config)
   pre = None
   if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
@@ -303,18 +436,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     note = pretrained.check_same_embedder(pre, identity)
     if note:
       _log(note)
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
-  if is_main:
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
-  if config.model.kind == "flymodel":
-    return run_flymodel(config, workdir, identity=identity)
-
-  spec = model_spec(config)
-  tx = make_tx(config, spec)
   tasks = build_tasks(config)
   tasks["identity"] = identity
+  config = check_against_data(config, tasks)
+  workdir = pathlib.Path(workdir)
+  check_workdir(config, workdir)
+  is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
+  if config.model.kind == "flymodel":
+    _write_config(config, workdir, is_main)
+    return run_flymodel(config, workdir, tasks=tasks, start=start_time)
+
+  spec = model_spec(config)
+  if config.model.get("gaba_switch_epochs", 0.0) > 0:
+    _log(f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
+         f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)")
+  tx = make_tx(config, spec)
   num_tasks = config.num_classes // config.classes_per_task
   seeds = list(config.seeds)
   num_seeds = len(seeds)
@@ -349,6 +485,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   acc = np.zeros((num_seeds, num_tasks, num_tasks))
   acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
   curves: list[dict] = []
+  warnings: list[str] = []
   blocks_per_task = config.epochs_per_task // config.eval_every
   total_blocks = blocks_per_task * num_tasks
   blocks_done = 0
@@ -357,31 +494,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   active_last = None  # most active units per example in the last block (None: not known yet)
   sparse_retry_at = 0
 
-  # Resume from the newest checkpoint of this workdir, if any (same config only).
+  # Resume from the newest checkpoint of this workdir that restores (same config only). Read
+  # before config.json is written: a refused resume must leave the workdir as it was.
   config_dict = json.loads(config.to_json_best_effort(sort_keys=True))
-  checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2))
+  # (Every process builds the manager at the same point: orbax synchronises processes there.)
+  checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2), create=False)
   # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
   restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, num_seeds, mesh), config_dict)
   if restored is not None:
-    states, progress = restored
-    where = pathlib.Path(checkpoints.directory) / str(checkpoints.latest_step())
-    note = check_same_data(progress, identity, where)
+    where = pathlib.Path(checkpoints.directory) / str(restored.step)
+    note = check_same_data(restored.progress, identity, where)
+  _write_config(config, workdir, is_main)
+  (workdir / "checkpoints").mkdir(exist_ok=True)
+  if restored is not None:
     if note:
       _log(note)
-    states = mesh_lib.pad(states, mesh)
+    for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
+      _log(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
+           f"the unreadable one is kept in {moved}")
+    progress = restored.progress
+    states = mesh_lib.pad(restored.states, mesh)
     blocks_done, elapsed_before = progress["blocks_done"], progress["elapsed_s"]
     acc[:], acc_task_il[:] = np.asarray(progress["acc"]), np.asarray(progress["acc_task_il"])
     curves = progress["curves"]
+    warnings = progress.get("warnings", [])
     sparse_started, active_last = progress["sparse_started"], progress["active_last"]
     sparse_retry_at = progress["sparse_retry_at"]
-    _log(f"resuming from {checkpoints.directory}/{checkpoints.latest_step()}: {blocks_done} of {total_blocks} "
+    _log(f"resuming from {where}: {blocks_done} of {total_blocks} "
          f"evaluation blocks done ({_fmt_duration(elapsed_before)} of training so far)")
 
   def save_checkpoint():
     progress = dict(blocks_done=blocks_done, elapsed_s=elapsed_before + time.time() - start,
                     acc=acc.tolist(), acc_task_il=acc_task_il.tolist(), curves=curves,
                     sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at,
-                    data_identity=identity)
+                    data_identity=identity, warnings=warnings)
     checkpoint.save(checkpoints, blocks_done, mesh_lib.unpad(states, num_seeds, mesh), progress, config_dict)
 
   csv_path = workdir / "metrics.csv"
@@ -406,6 +552,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves,
                        elapsed_before + time.time() - start, status, failure, blocks_done, blocks_per_task,
                        num_tasks)
+    results["warnings"] = warnings
     if is_main:
       (workdir / "results.json").write_text(json.dumps(results, indent=2))
     return results
@@ -445,8 +592,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       if not np.all(np.isfinite(losses)):
         bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
         epoch_in_task = block * config.eval_every + bad_epoch + 1
-        failure = (f"non-finite training loss at task {task}, epoch {epoch_in_task} of that task "
-                   f"(seed {seeds[bad_seed]})")
+        failure = (f"non-finite training loss at task {task + 1}/{num_tasks}, epoch {epoch_in_task} of that "
+                   f"task (seed {seeds[bad_seed]})")
         raise FloatingPointError(failure)
       per_task = counts.correct / np.maximum(counts.count, 1)
       per_task_il = counts.correct_task_masked / np.maximum(counts.count, 1)
@@ -466,6 +613,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       if block == blocks_per_task - 1:
         acc[:, task] = per_task
         acc_task_il[:, task] = per_task_il
+        warning = gaba_switch_warning(spec, lam, seeds, task, num_tasks)
+        if warning:
+          _log("WARNING: " + warning)
+          warnings.append(warning)
         if end_task is not None and task < num_tasks - 1:
           # Task boundary: importances on the finished task, new anchors (reference §5).
           states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task))
@@ -474,14 +625,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       rate = steady_steps / steady_time if steady_time else float("nan")
       remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
                    + steps_per_block[task] * (blocks_per_task - block - 1))
-      eta = _fmt_duration(remaining / rate) if steady_time else "?"
+      speed = (f"{rate * num_seeds:.0f} seed-steps/s | ETA {_fmt_duration(remaining / rate)}" if steady_time
+               else "rate and ETA from the next block (this one compiled)")
       _log(f"task {task + 1}/{num_tasks} epoch {epoch_in_task}/{config.epochs_per_task} | "
            f"full acc {full.mean():.4f}" + (f" ±{full.std(ddof=1) / math.sqrt(num_seeds):.4f}" if num_seeds > 1 else "")
            + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
            f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
            f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
            + ("sparse step | " if ran_sparse else "")
-           + f"{rate * num_seeds:.0f} seed-steps/s | ETA {eta}")
+           + speed)
     status = "finished"
     final_states = mesh_lib.to_host(mesh_lib.unpad(states, num_seeds, mesh))  # (every process gathers)
     if is_main:
@@ -501,18 +653,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   return results
 
 
-def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *,
-                 identity: dict | None = None) -> dict:
+def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, tasks: dict | None = None,
+                 start: float | None = None) -> dict:
   """FlyModel (reference §5): one closed-form pass per task, every seed in one vmapped program.
 
   `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
   learning rate `optimizer.learning_rate`; epochs, batch size and the
-  optimiser do not apply (one pass, no backpropagation). `identity`: the data
-  file's (`data_identity`), recorded in results.json.
+  optimiser do not apply (one pass, no backpropagation). `tasks`: from
+  `build_tasks` (loaded here when None), with the data file's identity
+  (`data_identity`) under "identity", recorded in results.json. `start`: the
+  run's start time (default now), for the wall time.
   """
-  start = time.time()
-  tasks = build_tasks(config)
-  tasks["identity"] = identity
+  start = time.time() if start is None else start
+  if tasks is None:
+    tasks = build_tasks(config)
+    tasks["identity"] = data_identity(config)
   num_tasks = config.num_classes // config.classes_per_task
   seeds = list(config.seeds)
   m = config.model
@@ -572,6 +727,26 @@ def load_final_state(path) -> tuple[np.ndarray, dict, np.ndarray]:
           node = node.setdefault(part, {})
         node[leaf] = f[name]
     return f["seeds"], params, f["gaba_counts"]
+
+
+def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
+  """A line for the log and results.json when task `task` ends with the GABA switch incomplete.
+
+  `lam_mean`: each seed's mean lambda (Eq. 8) over neurons. Below
+  `GABA_INCOMPLETE_LAMBDA` the model is still closer to a dense ReLU network
+  than to Top-K: T (an absolute firing count) is too large for this data.
+  """
+  if spec.k_schedule != "gaba":
+    return None
+  lam_mean = np.asarray(lam_mean)
+  if lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
+    return None
+  worst = int(np.argmin(lam_mean))
+  return (f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
+          f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; Eq. 8) with T = "
+          f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
+          "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
+          "or lower model.gaba_switch_activations")
 
 
 def models_gaba_mean(states: train.TrainState, spec: models.ModelSpec):

@@ -78,6 +78,10 @@ def test_resuming_with_another_config_is_refused_naming_the_field(tmp_path):
   experiment.train_and_evaluate(_tiny(), tmp_path)
   changed = _tiny()
   changed.optimizer.learning_rate = 0.1
+  with pytest.raises(ValueError, match=r"optimizer\.learning_rate \(workdir: 0\.05, now: 0\.1\)"):
+    experiment.train_and_evaluate(changed, tmp_path)
+  # Without config.json (say, deleted by hand) the checkpoints' own config refuses it too.
+  (tmp_path / "config.json").unlink()
   with pytest.raises(ValueError, match=r"optimizer\.learning_rate \(checkpoint: 0\.05, now: 0\.1\)"):
     experiment.train_and_evaluate(changed, tmp_path)
   # Fields that do not change the result may differ.
@@ -99,20 +103,40 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_usable(tmp_path):
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
   restored = checkpoint.restore_latest(checkpoint.manager(tmp_path), states, config)
   assert restored is not None
-  restored_states, progress = restored
-  assert progress["blocks_done"] == 2
+  assert progress_of(restored) == 2 and restored.unreadable == []
+  restored_states = restored.states
   np.testing.assert_array_equal(restored_states["w"], np.arange(6.0).reshape(2, 3) + 1)
 
 
-def test_corrupt_or_foreign_checkpoint_gives_a_clear_error(tmp_path):
-  experiment.train_and_evaluate(_tiny(), tmp_path / "corrupt")
-  latest = max((tmp_path / "corrupt" / "checkpoints").iterdir(), key=lambda p: int(p.name))
-  shutil.rmtree(latest / "state")
-  with pytest.raises(ValueError, match=f"checkpoint .*{latest.name}.* could not be restored"):
-    experiment.train_and_evaluate(_tiny(), tmp_path / "corrupt")
-  # A checkpoint folder that is not ours at all.
+def progress_of(restored):
+  return restored.progress["blocks_done"]
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capfd):
+  reference = experiment.train_and_evaluate(_tiny(), tmp_path / "reference")
+  run = tmp_path / "run"
+  experiment.train_and_evaluate(_tiny(), run)
+  steps = sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name))
+  newest = steps[-1]
+  for f in (newest / "state").rglob("*"):  # damaged on disk: every array file cut in half
+    if f.is_file() and f.stat().st_size > 0:
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+  capfd.readouterr()
+  resumed = experiment.train_and_evaluate(_tiny(), run)
+  err = capfd.readouterr().err
+  # One line says what happened; the damaged folder is kept aside, out of orbax's way.
+  line = next(l for l in err.splitlines() if "could not be restored" in l)
+  assert f"checkpoint {newest}" in line and f"falling back to {steps[-2].name}" in line
+  assert (run / "checkpoints_unreadable" / newest.name).is_dir()
+  assert "Traceback" not in err and len(err.splitlines()) < 15  # no multi-page orbax/TensorStore dump
+  assert [s["acc_matrix"] for s in resumed["per_seed"]] == [s["acc_matrix"] for s in reference["per_seed"]]
+  assert (run / "checkpoints" / newest.name).is_dir()  # the redone block saved again
+
+
+def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path):
   foreign = tmp_path / "foreign" / "checkpoints" / "7"
   foreign.mkdir(parents=True)
   (foreign / "something.txt").write_text("not a checkpoint")
-  with pytest.raises(ValueError, match="not a readable sdm_jax checkpoint"):
+  with pytest.raises(ValueError, match=r"no checkpoint in .*checkpoints can be restored: 7: "):
     experiment.train_and_evaluate(_tiny(), tmp_path / "foreign")
+  assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["checkpoints"]  # nothing written

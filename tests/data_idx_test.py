@@ -290,7 +290,7 @@ def test_missing_fashion_mnist_names_every_place(tmp_path, monkeypatch):
   assert "'fashion_mnist'" in msg
   assert 'apt-get install dataset-fashion-mnist' in msg
   assert '/usr/share/datasets/fashion-mnist' in msg
-  assert '--data_dir' in msg and 'SDM_JAX_DATA_DIR' in msg
+  assert '--config.data_dir=DIR' in msg and 'SDM_JAX_DATA_DIR' in msg
 
 
 def test_missing_mnist_without_embedded_copy(tmp_path, monkeypatch):
@@ -319,15 +319,41 @@ def test_load_dataset_prefers_idx(tmp_path):
   assert ds['train_labels'][:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
 
 
-def test_load_dataset_reraises_idx_error_without_tfds(tmp_path, monkeypatch):
-  monkeypatch.setattr(idx, '_tfds_available', lambda: False)
-  monkeypatch.setattr(idx, '_embedded_dir', lambda name: None)
-  with pytest.raises(idx.DataError, match='Cannot find the IDX files'):
-    idx.load_dataset('mnist', data_dir=tmp_path / 'nope')
+def _tree(root):
+  """Every path under root with its bytes (None for folders): a byte-for-byte snapshot."""
+  return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+          for p in sorted(root.rglob('*'))}
 
 
-def test_load_dataset_does_not_hide_damaged_idx_files(tmp_path, monkeypatch):
-  monkeypatch.setattr(idx, '_tfds_available', lambda: True)
+def test_absent_local_data_fails_at_once_without_tfds_or_writes(tmp_path, monkeypatch):
+  # TFDS installed or not, a folder without the files fails with the folders searched and
+  # the flag to pass; TFDS is never imported as a fallback, nothing is written anywhere.
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # an import would raise
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))  # where TFDS would create ~/tensorflow_datasets
+  (tmp_path / 'home').mkdir()
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  before = _tree(tmp_path)
+  for name in ('mnist', 'fashion_mnist'):
+    with pytest.raises(idx.DataError) as e:
+      idx.load_dataset(name, data_dir=empty)
+    message = str(e.value)
+    assert str(empty) in message and str(empty / name) in message
+    assert '--config.data_dir=DIR' in message and '--config.data_source=tfds' in message
+    assert 'pip install' in message
+  assert _tree(tmp_path) == before
+
+
+def test_tfds_only_when_asked_and_only_into_a_named_folder():
+  with pytest.raises(ValueError, match='data_dir'):
+    idx.load_dataset('mnist', source='tfds')
+  with pytest.raises(ValueError, match='source must be one of'):
+    idx.load_dataset('mnist', source='internet')
+  with pytest.raises(idx.DataError, match="source='tfds'"):
+    idx.load_dataset('svhn_cropped')  # no local loader: never a silent download
+
+
+def test_load_dataset_does_not_hide_damaged_idx_files(tmp_path):
   _copy_mnist(tmp_path)
   (tmp_path / 'train-labels-idx1-ubyte.gz').write_bytes(b'junk')
   with pytest.raises(idx.DataError, match='checksum mismatch'):
@@ -362,10 +388,9 @@ def test_tfds_generic_images_keep_channels():
   assert ds['train_images'].shape == (4, 32, 32, 3)
 
 
-def test_load_dataset_falls_back_to_tfds(tmp_path, monkeypatch):
+def test_load_dataset_through_tfds_when_asked(tmp_path):
   tfds = pytest.importorskip('tensorflow_datasets')
-  monkeypatch.setitem(idx.DEBIAN_DIRS, 'fashion_mnist', tmp_path / 'debian')
   with tfds.testing.mock_data(num_examples=5):
-    ds = idx.load_dataset('fashion_mnist', data_dir=tmp_path / 'nope')
+    ds = idx.load_dataset('fashion_mnist', data_dir=tmp_path / 'tfds', source='tfds')
   assert ds['train_images'].shape == (5, 28, 28)
   assert ds['source'].startswith('tfds:fashion_mnist')

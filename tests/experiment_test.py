@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -75,6 +76,77 @@ def test_bad_configs_name_the_field(field, value, match, tmp_path):
   assert not (tmp_path / "run").exists()  # refused before anything was written or compiled
 
 
+def _snapshot(root: pathlib.Path) -> dict:
+  """Every path under root with its bytes (None for folders): the workdir byte for byte."""
+  return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("finished") / "run"
+  experiment.train_and_evaluate(_tiny(), workdir)
+  return workdir
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["finished", "killed"])
+@pytest.mark.parametrize("field,value", [("optimizer.learning_rate", 0.1), ("model.k", 5)])
+def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path, field, value, killed):
+  """Issue: a refused resume used to rewrite config.json first, so the workdir described a run that
+  never happened (and `experiments.analyze` reported the refused k)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  if killed:  # what SIGKILL leaves: no results.json, no final state
+    (workdir / "results.json").unlink()
+    (workdir / "final_state.npz").unlink()
+  before = _snapshot(workdir)
+  with pytest.raises(ValueError, match=r"refusing .*" + field.replace(".", r"\.")):
+    experiment.train_and_evaluate(_tiny(**{field: value}), workdir)
+  assert _snapshot(workdir) == before
+  if killed:  # without config.json the checkpoints' own config refuses it, still writing nothing
+    (workdir / "config.json").unlink()
+    before = _snapshot(workdir)
+    with pytest.raises(ValueError, match=r"refusing to resume .*" + field.replace(".", r"\.")):
+      experiment.train_and_evaluate(_tiny(**{field: value}), workdir)
+    assert _snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(batch_size=1_000_000), r"config\.batch_size: 1000000 is larger than the smallest task, which has 11263"),
+    ({"optimizer.learning_rate": float("inf")}, r"config\.optimizer\.learning_rate: must be a finite number"),
+    ({"optimizer.clip_norm": float("nan")}, r"config\.optimizer\.clip_norm: must be a finite number"),
+    (dict(seeds=(0.5,)), r"config\.seeds: must be integers, got 0\.5"),
+    (dict(seeds=("abc",)), r"config\.seeds: must be integers, got 'abc'"),
+    (dict(seeds=(-1,), class_order="by_seed"), r"config\.seeds: must be in \[0, 2\*\*32\)"),
+    ({"model.neurons": 100.0}, r"config\.model\.neurons: must be an integer"),
+    ({"optimizer.momentum": 1.5}, r"config\.optimizer\.momentum"),
+    ({"regularizer.decay": 0.0}, r"config\.regularizer\.decay"),
+    (dict(classes_per_task=0), r"config\.classes_per_task"),
+    (dict(data_source="web"), r"config\.data_source"),
+    (dict(data_source="tfds"), r"config\.data_dir: data_source='tfds' downloads"),
+    ({"model.gaba_switch_epochs": -1.0}, r"config\.model\.gaba_switch_epochs"),
+])
+def test_invalid_values_are_refused_before_anything_is_written(overrides, match, tmp_path):
+  config = _tiny(**{"model.k_schedule": "gaba"})
+  for field, value in overrides.items():
+    *parents, leaf = field.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    with node.ignore_type():  # what a command-line override can produce, e.g. --config.seeds='(0.5,)'
+      node[leaf] = value
+  with pytest.raises(ValueError, match=match):
+    experiment.train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
+def test_absent_local_data_fails_at_once_writing_nothing(tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(ValueError, match=r"(?s)Cannot find the IDX files.*--config\.data_dir=DIR.*--config\.data_source=tfds"):
+    experiment.train_and_evaluate(_tiny(data_dir=str(empty)), tmp_path / "run")
+  assert not (tmp_path / "run").exists() and list(empty.iterdir()) == []
+
+
 def test_unknown_variant_and_size():
   with pytest.raises(ValueError, match="unknown variant"):
     split_mnist.get_config("sdm_xl")
@@ -109,10 +181,11 @@ def test_tiny_run_writes_results(tmp_path):
 
 def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
   config = _tiny("relu", **{"optimizer.learning_rate": 1e38, "optimizer.clip_norm": 0.0})
-  with pytest.raises(FloatingPointError, match=r"task 0, epoch 1"):
+  # Tasks counted from 1, as in the progress lines ("task 1/5 epoch 1/1").
+  with pytest.raises(FloatingPointError, match=r"task 1/5, epoch 1 "):
     experiment.train_and_evaluate(config, tmp_path)
   saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["status"] == "failed" and "task 0, epoch 1" in saved["failure"]
+  assert saved["status"] == "failed" and "task 1/5, epoch 1 " in saved["failure"]
 
 
 def test_per_seed_class_orders(tmp_path):
@@ -180,8 +253,8 @@ def _embedding_file(path, *, key="aaa111", shift=0.0):
 def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, capfd, key):
   """config.json holds the data path only; the file's identity (its key, else a sha256) is checked too."""
   data_file = _embedding_file(tmp_path / "emb.npz", key=key)
-  config = _tiny("relu", dataset="embeddings", data_dir=str(data_file), **{"model.input_size": 8,
-                                                                           "model.neurons": 16})
+  config = _tiny("relu", dataset="embeddings", data_dir=str(data_file), batch_size=4,
+                 **{"model.input_size": 8, "model.neurons": 16})
   results = experiment.train_and_evaluate(config, tmp_path / "run")
   assert results["status"] == "finished"
   assert set(results["dataset"]["identity"]) >= ({"embedder_key"} if key else {"sha256"})
@@ -200,3 +273,28 @@ def test_checkpoints_without_a_data_identity_resume_with_a_note():
   assert experiment.check_same_data({}, None, where) is None  # pixels, before and now
   moved = dict(identity, file="/mnt/e.npz")  # the same file reached by another path
   assert experiment.check_same_data({"data_identity": identity}, moved, where) is None
+
+
+def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path):
+  """T is a firing count tuned to MNIST's size: on less data the switch never happens, silently
+  (issue: scikit-learn digits, every neuron active all run). Now T can be given in epochs of the
+  first task, and a task that ends with the switch incomplete is reported."""
+  # T = 1 epoch of task 1 (digits 0 and 1: 5,923 + 6,742 = 12,665 examples): switched within task 1.
+  config = _tiny(epochs_per_task=2, **{"model.gaba_switch_epochs": 1.0})
+  results = experiment.train_and_evaluate(config, tmp_path / "epochs")
+  saved = json.loads((tmp_path / "epochs" / "config.json").read_text())
+  assert saved["model"]["gaba_switch_activations"] == 12_665.0 and saved["model"]["gaba_switch_epochs"] == 1.0
+  assert results["warnings"] == []
+  end_of_task_1 = [c for c in results["per_seed"][0]["curves"] if c["task"] == 0][-1]
+  assert end_of_task_1["gaba_lambda_mean"] > 0.9
+  # The quick default T (500K) on 2 epochs per task: never switches, and every task end says so.
+  config = _tiny(epochs_per_task=2, **{"model.gaba_switch_activations": 5e5})
+  results = experiment.train_and_evaluate(config, tmp_path / "counts")
+  assert len(results["warnings"]) == 5 and all("GABA switch incomplete" in w for w in results["warnings"])
+  assert "model.gaba_switch_epochs" in results["warnings"][0]
+  assert json.loads((tmp_path / "counts" / "results.json").read_text())["warnings"] == results["warnings"]
+
+
+def test_gaba_switch_epochs_only_with_the_gaba_schedule(tmp_path):
+  with pytest.raises(ValueError, match=r"config\.model\.gaba_switch_epochs: applies to the GABA switch only"):
+    experiment.train_and_evaluate(_tiny("relu", **{"model.gaba_switch_epochs": 5.0}), tmp_path / "run")

@@ -100,6 +100,7 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, capfd):
   config.num_classes = config.model.num_classes = 100
   config.model.neurons, config.epochs_per_task, config.eval_every = 32, 1, 1
   config.seeds, config.checkpoint_every_epochs, config.train_step = (3,), 1000, "dense"
+  config.batch_size = 8  # at most a task's 24 examples
   compiled = []
 
   class Count(logging.Handler):
@@ -154,12 +155,13 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   pre = pretrain.get_config("sdmlp,tiny")
   pre.data_dir, pre.model.input_size, pre.model.neurons = str(pre_file), 8, 32
   pre.num_classes = pre.classes_per_task = pre.model.num_classes = 100
+  pre.batch_size = 16  # the mock's 100 examples
   experiment.train_and_evaluate(pre, tmp_path / "pretrain")
   _, _, pre_counts = experiment.load_final_state(tmp_path / "pretrain" / "final_state.npz")
 
   config = split_cifar.get_config("sdmlp,tiny")
   config.data_dir, config.pretrained, config.seeds = str(cifar_file), str(tmp_path / "pretrain"), (0, 3)
-  config.model.input_size, config.model.neurons = 8, 32
+  config.model.input_size, config.model.neurons, config.batch_size = 8, 32, 8
   results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
   assert results["status"] == "finished" and results["tasks_finished"] == 5
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
@@ -179,10 +181,11 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
   tfds = pytest.importorskip("tensorflow_datasets")
   with tfds.testing.mock_data(num_examples=20):
     pre = pretrain.get_config("pixels_sdmlp_k1,tiny")
-    pre.model.neurons = 16
+    pre.model.neurons, pre.batch_size = 16, 4  # the mock's 20 examples
     pre_results = experiment.train_and_evaluate(pre, tmp_path / "pretrain")
     config = split_cifar.get_config("pixels_sdmlp_k1,tiny")
     config.model.neurons, config.pretrained, config.seeds = 16, str(tmp_path / "pretrain"), (3,)
+    config.batch_size = 1  # the mock gives some tasks a single example
     results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
   assert pre_results["dataset"]["source"] == "tfds:imagenet_resized/32x32"
   assert results["dataset"]["source"] == "tfds:cifar10" and results["tasks_finished"] == 5
@@ -209,7 +212,7 @@ def _split(data_file, pretrain_dir, workdir):
   """A one-epoch-per-task Split CIFAR-10 run of 16 neurons on 8-d embeddings from `pretrain_dir`."""
   config = split_cifar.get_config("sdmlp,tiny")
   config.data_dir, config.pretrained, config.seeds = str(data_file), str(pretrain_dir), (0,)
-  config.model.input_size, config.model.neurons = 8, 16
+  config.model.input_size, config.model.neurons, config.batch_size = 8, 16, 8  # tasks of 24 examples
   config.epochs_per_task = config.eval_every = 1
   return experiment.train_and_evaluate(config, workdir)
 
@@ -217,7 +220,7 @@ def _split(data_file, pretrain_dir, workdir):
 def _pretrain_config(data_file):
   pre = pretrain.get_config("sdmlp,tiny")
   pre.data_dir = str(data_file)
-  pre.model.input_size, pre.model.neurons, pre.seeds = 8, 16, (0,)
+  pre.model.input_size, pre.model.neurons, pre.seeds, pre.batch_size = 8, 16, (0,), 8
   pre.num_classes = pre.classes_per_task = pre.model.num_classes = 10
   pre.epochs_per_task = pre.eval_every = 1
   return pre

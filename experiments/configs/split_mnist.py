@@ -89,7 +89,10 @@ REFERENCE_TOPK_TRANSITION_EPOCHS = 200
 def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.dataset = "mnist"
-  config.data_dir = ""  # "" = $SDM_JAX_DATA_DIR, the embedded MNIST copy, Debian's datasets, TFDS
+  config.data_dir = ""  # "" = $SDM_JAX_DATA_DIR, the embedded MNIST copy, Debian's datasets
+  # "local": files on disk only, never the network; "tfds" (mnist, fashion_mnist): TensorFlow Datasets,
+  # downloading into data_dir (which must then be set).
+  config.data_source = "local"
   config.num_classes = 10
   config.classes_per_task = 2
   config.class_order = "ordinal"  # or "by_seed": each seed's own legacy-numpy class order
@@ -114,6 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.k_schedule = "gaba"  # gaba | linear | flat | none
   config.model.inhibition = "subtract"  # subtract | mask
   config.model.gaba_switch_activations = float(REFERENCE_GABA_T)
+  # > 0: set T from the data instead, as this many epochs of the first task (T = epochs x its training
+  # examples; the reference's 5M is 395 on Split MNIST). For datasets of another size than MNIST.
+  config.model.gaba_switch_epochs = 0.0
   config.model.k_max = 0  # 0 = neurons
   config.model.k_transition_epochs = REFERENCE_TOPK_TRANSITION_EPOCHS
   config.model.hidden_bias = False
@@ -204,6 +210,7 @@ def with_epochs_per_task(config: ml_collections.ConfigDict, epochs: int) -> ml_c
   config = ml_collections.ConfigDict(config.to_dict())
   scale = epochs / config.epochs_per_task
   config.model.gaba_switch_activations = float(config.model.gaba_switch_activations * scale)
+  config.model.gaba_switch_epochs = float(config.model.get("gaba_switch_epochs", 0.0) * scale)
   config.model.k_transition_epochs = max(1, round(config.model.k_transition_epochs * scale))
   config.epochs_per_task = epochs
   config.eval_every = next(e for e in (10, 5, 2, 1) if epochs % e == 0 and e <= epochs)

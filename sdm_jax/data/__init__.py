@@ -17,6 +17,7 @@ Synopsis::
 from sdm_jax.data.idx import (
     CHECKSUMS,
     UNCOMPRESSED_CHECKSUMS,
+    SOURCES,
     DataError,
     load_dataset,
     load_idx_dataset,
@@ -52,6 +53,7 @@ __all__ = [
     'save_embeddings',
     'CHECKSUMS',
     'UNCOMPRESSED_CHECKSUMS',
+    'SOURCES',
     'DataError',
     'load_dataset',
     'load_idx_dataset',

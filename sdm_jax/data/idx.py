@@ -1,8 +1,8 @@
 """Reading MNIST and Fashion-MNIST from their IDX `.gz` files, with checksums.
 
 Finding the files (`resolve_dataset_dir`) is kept separate from reading them
-(`read_idx`, `load_idx_dataset`). `load_dataset` puts the two together and falls
-back to TensorFlow Datasets when that optional package is installed. Nothing is
+(`read_idx`, `load_idx_dataset`). `load_dataset` puts the two together; it
+reads TensorFlow Datasets only when asked (`source='tfds'`). Nothing is
 cached: every call reads the files again, so callers decide what to keep.
 
 Synopsis::
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import os
 import pathlib
 import zlib
@@ -111,21 +110,31 @@ DEBIAN_DIRS: dict[str, pathlib.Path] = {
 }
 """Where Debian packages install a dataset's IDX files."""
 
+_TFDS_HINT = (
+    'or load it through TensorFlow Datasets, which downloads it into the folder '
+    'you name: --config.data_source=tfds --config.data_dir=DIR (in Python: '
+    "load_dataset(name, DIR, source='tfds'); needs `pip install -e .[tfds]`)")
+
 _HOW_TO_GET = {
     'mnist': (
-        'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder holding the '
-        'four IDX .gz files of MNIST ({files}); the sdm_jax package ships them '
-        'in sdm_jax/data/mnist, so reinstalling it (pip install -e .) restores '
-        'a missing or damaged copy; with `pip install -e .[tfds]` TensorFlow '
-        'Datasets can be used instead'),
+        'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+        'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of MNIST '
+        '({files}); the sdm_jax package ships them in sdm_jax/data/mnist, so '
+        'reinstalling it (pip install -e .) restores a missing or damaged '
+        'copy; ' + _TFDS_HINT),
     'fashion_mnist': (
-        'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder holding the '
-        'four IDX .gz files of Fashion-MNIST ({files}); on Debian `apt-get '
-        'install dataset-fashion-mnist` installs them to '
+        'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+        'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of '
+        'Fashion-MNIST ({files}); on Debian `apt-get install '
+        'dataset-fashion-mnist` installs them to '
         '/usr/share/datasets/fashion-mnist; upstream they are at '
-        'https://github.com/zalandoresearch/fashion-mnist; with '
-        '`pip install -e .[tfds]` TensorFlow Datasets can be used instead'),
+        'https://github.com/zalandoresearch/fashion-mnist; ' + _TFDS_HINT),
 }
+
+SOURCES = ('local', 'tfds')
+"""Where `load_dataset` may read MNIST and Fashion-MNIST from: files on disk
+only ('local', the default: never the network), or TensorFlow Datasets
+('tfds': may download, but only into the `data_dir` the caller names)."""
 
 _IDX_UBYTE = 0x08
 _IDX_MAGIC_NDIM = {0x00000801: 1, 0x00000803: 3}  # labels, images
@@ -141,8 +150,8 @@ class DataError(ValueError):
 
 def _how_to_get(name: str) -> str:
   template = _HOW_TO_GET.get(
-      name, 'pass --data_dir=DIR or set SDM_JAX_DATA_DIR to a folder '
-      'holding the four IDX .gz files ({files})')
+      name, 'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+      'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files ({files})')
   return 'To get the files: ' + template.format(files=', '.join(FILES.values()))
 
 
@@ -456,46 +465,48 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None, *,
   return out
 
 
-def _tfds_available() -> bool:
-  """Tells whether tensorflow_datasets can be imported, without importing it."""
-  try:
-    return importlib.util.find_spec('tensorflow_datasets') is not None
-  except (ImportError, ValueError):
-    return False
-
-
 def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
-                 verify: bool = True, **kwargs) -> dict[str, Any]:
-  """Loads a dataset from IDX files, or through TFDS when they are absent.
+                 verify: bool = True, source: str = 'local',
+                 **kwargs) -> dict[str, Any]:
+  """Loads a dataset from files on disk, or through TFDS when asked to.
 
   The CIFAR pipeline's names go to their own loaders, with `kwargs`:
   'cifar10_jpeg' (`cifar.load_cifar10_jpeg`: the LOSSY JPEG stand-in,
   kwargs `cache`, `max_per_class`), 'cifar10', 'cifar100' and 'imagenet32'
-  (`cifar.load_tfds`, kwarg `manual_dir`), and 'embeddings'
-  (`embeddings.load_embeddings`, data_dir = the `.npz` file). Their dicts
-  also hold `lossy` and `num_classes`.
+  (`cifar.load_tfds`, kwarg `manual_dir`; prepared TFDS folders only, no
+  download), and 'embeddings' (`embeddings.load_embeddings`, data_dir = the
+  `.npz` file). Their dicts also hold `lossy` and `num_classes`.
 
-  For 'mnist' and 'fashion_mnist', the IDX files are used when
-  `resolve_dataset_dir` finds them. If no folder holds them and
-  tensorflow_datasets is installed, TFDS is tried. Damaged IDX files are
-  reported and never silently replaced by TFDS. Other names go straight to
-  TFDS.
+  For 'mnist' and 'fashion_mnist', `source` says where from:
+  - 'local' (default): the IDX files that `resolve_dataset_dir` finds. If
+    none are found this fails at once, listing the folders searched. It
+    never touches the network and never writes anything.
+  - 'tfds': TensorFlow Datasets, which reads `data_dir` as its data folder
+    and downloads and prepares the dataset there when it is absent.
+    `data_dir` is required, so TFDS never writes where it was not pointed.
+  A missing local copy is never silently replaced by a download: offline,
+  TFDS retries for minutes before failing, and it writes its `downloads/`
+  folder as it goes.
 
   Args:
     name: dataset name.
-    data_dir: optional folder: IDX files as for `resolve_dataset_dir`, or a
-      TFDS data folder.
+    data_dir: optional folder: IDX files as for `resolve_dataset_dir`, or
+      the TFDS data folder with `source='tfds'`.
     verify: check the sha256 of IDX files.
+    source: 'local' or 'tfds' (`SOURCES`), for 'mnist' and 'fashion_mnist'.
 
   Returns:
     The dict described in `load_idx_dataset`.
 
   Raises:
+    ValueError: unknown `source`, or `source='tfds'` without `data_dir`.
     DataError: the dataset could not be loaded; the message says why and
       how to get it.
   """
   # Imported here: both modules import this one.
   from sdm_jax.data import cifar, embeddings  # pylint: disable=g-import-not-at-top
+  if source not in SOURCES:
+    raise ValueError(f'source must be one of {SOURCES}, got {source!r}')
   if name == 'cifar10_jpeg':
     return cifar.load_cifar10_jpeg(data_dir, verify=verify, **kwargs)
   if name in cifar.TFDS_DATASETS:
@@ -504,18 +515,15 @@ def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
     return embeddings.load_embeddings(data_dir, **kwargs)
   if kwargs:
     raise TypeError(f'load_dataset({name!r}) takes no {sorted(kwargs)}')
+  if source == 'tfds':
+    if data_dir is None:
+      raise ValueError(
+          f"source='tfds' downloads {name!r} into data_dir: name a folder "
+          '(--config.data_dir=DIR)')
+    return load_tfds_dataset(name, data_dir, download=True)
   if name not in CHECKSUMS:
-    return load_tfds_dataset(name, data_dir)
-  try:
-    resolve_dataset_dir(name, data_dir)
-  except DataError as idx_error:
-    if not _tfds_available():
-      raise
-    try:
-      return load_tfds_dataset(name, data_dir)
-    except DataError as tfds_error:
-      raise DataError(
-          f'{idx_error}\nThe TensorFlow Datasets fallback failed too: '
-          f'{tfds_error}') from tfds_error
+    raise DataError(
+        f'{name!r} has no local loader (local datasets: {sorted(CHECKSUMS)}, '
+        "'cifar10_jpeg', 'embeddings'); to read it through TensorFlow "
+        "Datasets pass source='tfds' and a data_dir")
   return load_idx_dataset(name, data_dir, verify=verify)
-
