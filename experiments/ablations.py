@@ -1,7 +1,7 @@
 r"""The paper's Table 2 ablations (plus lazy optimisers) as one command.
 
     python -m experiments.ablations --epochs_per_task=20 --workdir=/tmp/ablations
-    python -m experiments.ablations --dataset=fashion_mnist --data_dir=../shared/data/fashion_mnist \
+    python -m experiments.ablations --dataset=fashion_mnist --data_dir=/path/to/fashion_mnist \
         --rows=sgd,adam,lazy_adam --epochs_per_task=20 --seeds=0,1,2 --workdir=/tmp/ablations_fashion
 
 Rows are the variants of `experiments/configs/ablations.py` (its docstring lists
@@ -14,7 +14,8 @@ not rerun, so an interrupted study resumes. Writes:
   the fraction of hidden units silent on the last task's training data (the
   generic table's "dead" column: units kept for earlier tasks count too), and
   below it the fraction truly DEAD at the end: no activation on any of the
-  10,000 test images of all classes (summed activation < 1e-4, reference §2),
+  10,000 test images of all classes (summed activation < 1e-4, the authors'
+  threshold: docs/reference_code.md#dead-neurons),
   computed from each seed's final_state.npz;
 * WORKDIR/dead_neurons.png: units silent on the current task's training data
   against epoch, per row (the real-data counterpart of the appendix's

@@ -1,4 +1,4 @@
-r"""Embed a dataset with a trained ConvMixer (reference §4 "ConvMixer embeddings"), cached.
+r"""Embed a dataset with a trained ConvMixer (as the paper's step 1, Sec. 5, Fig. 2 left), cached.
 
     python -m experiments.embed --embedder=/tmp/convmixer_quick --dataset=cifar10_jpeg \
         --out=/tmp/emb/cifar10_jpeg.npz

@@ -20,8 +20,11 @@ Synopsis::
     curves = analysis.curves_over_seeds(analysis.read_metrics_csv(f"{run}/metrics.csv"))
 
 Everything here computes; nothing plots (experiments/analyze.py draws the
-figures). The definitions follow the authors' analysis code as described in
-/work/shared/reference-code.md §6 and §2:
+figures). The definitions follow the authors' analysis code
+(TrentBrick/SDMContinualLearner: `InvestigateContLearningObj` in
+models/Base_Model.py, notebooks/Targeted_InvestigatingContinualLearning.ipynb,
+and the dead-neuron logging of models/SDM_Base.py; docs/reference_code.md#analysis
+and #dead-neurons):
 
 * activation counts: counts[class, neuron] += 1 whenever the neuron's
   post-Top-K activation is != 0 (`InvestigateContLearningObj`);
@@ -29,8 +32,9 @@ figures). The definitions follow the authors' analysis code as described in
   normalised to p, 1e-15 is put in place of zeros, H = -sum p ln p (nats,
   maximum ln 10 = 2.303 for 10 classes); mean, median and the mean weighted by
   each neuron's share of all activations over neurons that fired at least
-  once (paper App. "Investigating neuron entropy", Table 10);
-* dead: summed activation over a set of inputs < 1e-4 (§2); alive: count >= 1;
+  once (paper App. H, Table 10);
+* dead: summed activation over a set of inputs < 1e-4 (`active_threshold`);
+  alive: count >= 1;
 * UMAP: default `umap.UMAP()`; (a) fit on neuron addresses, transform data and
   addresses, (b) fit on data, transform addresses; neurons with <= 10
   activations removed; data L2-normalised for SDM models.
@@ -48,11 +52,12 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (reference §6)
-ENTROPY_THRESHOLD = 1e-3  # neuron entropy: activation > 0.001 (reference §6, entropy cell)
-DEAD_ACTIVITY_THRESHOLD = 1e-4  # dead: summed activation < 1e-4 (reference §2); = train.DEAD_ACTIVITY_THRESHOLD
-ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (reference §6)
-UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (reference §6)
+# The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
+COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
+ENTROPY_THRESHOLD = 1e-3  # neuron entropy: activation > 0.001 (the notebook's entropy cell)
+DEAD_ACTIVITY_THRESHOLD = 1e-4  # dead: summed activation < 1e-4; = train.DEAD_ACTIVITY_THRESHOLD
+ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (the notebook's entropy cell)
+UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (the notebook)
 
 # Paper Table 10 (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM): weighted mean entropy.
 PAPER_WEIGHTED_ENTROPY_CIFAR10 = {"sdmlp": 0.99, "sdmlp_linear_mask": 1.36, "sdmlp_no_l2": 1.96,
@@ -91,7 +96,7 @@ def activation_counts(hidden, labels, num_classes: int, threshold: float = COUNT
 
 
 class NeuronEntropy(NamedTuple):
-  """Class entropy of each neuron (reference §6, paper Table 10).
+  """Class entropy of each neuron (paper App. H, Table 10; docs/reference_code.md#analysis).
 
   Attributes:
     entropy: [r] entropy in nats of the neuron's class distribution; NaN for
@@ -143,7 +148,9 @@ def neuron_class_entropy(counts) -> NeuronEntropy:
 
 
 def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD) -> np.ndarray | float:
-  """Fraction of neurons whose summed activation over a set of inputs is < 1e-4 (reference §2).
+  """Fraction of neurons whose summed activation over a set of inputs is < 1e-4.
+
+  The authors' dead-neuron test (docs/reference_code.md#dead-neurons).
 
   Args:
     activity_sum: [..., r] summed post-Top-K activation of each neuron.
@@ -157,7 +164,7 @@ def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD) -> n
 
 
 def alive_fraction(counts) -> float:
-  """Fraction of neurons that fired at least once ("alive" = count >= 1, reference §6).
+  """Fraction of neurons that fired at least once ("alive" = count >= 1, docs/reference_code.md#analysis).
 
   Args:
     counts: [C, r] class-by-neuron counts (summed over classes here) or [r]

@@ -1,6 +1,7 @@
 """The ConvMixer's training augmentations, on device: flip, RandAugment, normalisation.
 
-Reference §3 ("ConvMixer embedding network"): RandomResizedCrop(32, scale
+The authors' ConvMixer settings (TrentBrick/SDMContinualLearner;
+docs/reference_code.md#convmixer-embedder): RandomResizedCrop(32, scale
 (1.0, 1)), horizontal flip, RandAugment (n 2, m 12), ColorJitter 0, CIFAR-10
 mean/std normalisation, RandomErasing 0. Of these only the flip, RandAugment
 and the normalisation change anything:

@@ -1,6 +1,7 @@
 """The ConvMixer embedder (Trockman & Kolter 2022) in Flax, and its data-parallel training step.
 
-Reference §3 ("ConvMixer embedding network") and §4 ("ConvMixer embeddings"):
+The authors' settings (TrentBrick/SDMContinualLearner, models/Conv_Mixer.py and its
+settings; docs/reference_code.md#convmixer-embedder):
 ConvMixer(dim 256, depth 8, kernel 5, patch 2) with GELU and BatchNorm, trained
 on ImageNet32 with AdamW (lr 0.01, weight decay 0.005), batch 512, global-norm
 clip 1.0 and augmentations (`sdm_jax.augment`); the 256-d embedding the SDMLP
@@ -100,7 +101,10 @@ def param_count(dim: int, depth: int, kernel_size: int, patch_size: int, num_cla
 
 def make_optimizer(*, lr: float, weight_decay: float, clip_norm: float, schedule: str = 'constant',
                    total_steps: int = 1) -> optax.GradientTransformation:
-  """Global-norm clip then AdamW (reference §1/§3: clip 1.0, AdamW wd 0.005 on every parameter).
+  """Global-norm clip then AdamW, weight decay on every parameter.
+
+  The authors' ConvMixer settings are clip 1.0 and AdamW weight decay 0.005
+  (docs/reference_code.md#convmixer-embedder).
 
   schedule 'constant' is the reference (it has no LR scheduler); 'onecycle'
   is the ConvMixer paper's linear warm-up to `lr` and back down, which short
@@ -157,8 +161,9 @@ def apply_eval(model: ConvMixer, variables: dict, images):
 def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   """A 1-D mesh over the first `num_devices` devices (all by default), axis 'data'.
 
-  Auto axis types, so jit propagates the shardings of its inputs (see
-  jax-stack-notes §1 on `jax.make_mesh` defaulting to Explicit).
+  Auto axis types, so jit propagates the shardings of its inputs (recent JAX
+  versions make `jax.make_mesh` axes Explicit by default, where shardings
+  become part of the array types and mismatches are errors).
   """
   n = num_devices or jax.device_count()
   return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))

@@ -7,7 +7,7 @@ Synopsis::
     results = experiment.train_and_evaluate(config, "/tmp/run")
     print(results["summary"]["final_accuracy_mean"])
 
-Outputs in `workdir` (DESIGN §3): `config.json`, `results.json` (per seed: the
+Outputs in `workdir` (docs/design.md#outputs-of-a-run): `config.json`, `results.json` (per seed: the
 accuracy matrix `acc[after_task][on_task]`, the task-incremental matrix,
 final full-test accuracy, curves, dead-neuron fraction; the run's wall time)
 and `metrics.csv` (one row per seed per evaluation, for plotting).
@@ -618,7 +618,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           _log("WARNING: " + warning)
           warnings.append(warning)
         if end_task is not None and task < num_tasks - 1:
-          # Task boundary: importances on the finished task, new anchors (reference §5).
+          # Task boundary: importances on the finished task, new anchors (docs/reference_code.md#regularisers).
           states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task))
       if block == blocks_per_task - 1 or blocks_done % checkpoint_every_blocks == 0:
         save_checkpoint()
@@ -655,7 +655,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
 def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, tasks: dict | None = None,
                  start: float | None = None) -> dict:
-  """FlyModel (reference §5): one closed-form pass per task, every seed in one vmapped program.
+  """FlyModel: one closed-form pass per task, every seed in one vmapped program.
+
+  As the authors' FlyModel/TestingFlyModel.ipynb (paper App. G.2; docs/reference_code.md#flymodel).
 
   `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
   learning rate `optimizer.learning_rate`; epochs, batch size and the

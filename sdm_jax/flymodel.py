@@ -14,8 +14,9 @@ Synopsis::
     acc = flymodel.run_split(key, train_x, train_y, train_sizes, test_x, test_y, test_sizes,
                              task_classes, n_kc=10_000, n_response=32, lr=0.01)
 
-The model as the authors ran it (`FlyModel/TestingFlyModel.ipynb`,
-reference-code §5), with no backpropagation and one pass over each task:
+The model as the authors ran it (TrentBrick/SDMContinualLearner,
+FlyModel/TestingFlyModel.ipynb; paper App. G.2; docs/reference_code.md#flymodel),
+with no backpropagation and one pass over each task:
 
 * inputs are min-max scaled per example across its own features;
 * a binary projection R [n_kc, n_in] gives each Kenyon cell exactly

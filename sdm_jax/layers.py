@@ -35,8 +35,9 @@ _RECURSE_ABOVE = 256
 def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
   """Divides by the L2 norm along `axis`; an all-zero vector stays zero.
 
-  The reference code divides without an epsilon (reference-code §2); we only
-  guard the exact-zero case, so results are bitwise the reference's elsewhere.
+  The authors' code divides without an epsilon (TrentBrick/SDMContinualLearner,
+  models/SDM_Base.py, `forward`; docs/reference_code.md#sdmlp); we only guard
+  the exact-zero case, so results are bitwise the reference's elsewhere.
   """
   norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
   return x / jnp.where(norm > 0, norm, 1.0)
@@ -113,7 +114,7 @@ def top_values_and_indices(a: jax.Array, m: int, *, axis: int = -1,
   """The m largest values along `axis` of a 2-D array, in descending order, and their indices.
 
   Exact, ties counted with multiplicity (like a sort), for non-negative `a`.
-  No sort and no `lax.top_k` (both slow on XLA:CPU, DESIGN §4): one full pass
+  No sort and no `lax.top_k` (both slow on XLA:CPU, docs/design.md#top-k-threshold): one full pass
   takes the maxima of chunks of `chunk` values, and the m chunks with the
   largest maxima hold the m largest values (a value outside them is <= the
   smallest selected maximum, which is <= the m-th largest, since m selected

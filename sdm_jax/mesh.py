@@ -10,7 +10,7 @@ Synopsis::
     states, metrics = block(states, *task_arrays)
     losses = mesh_lib.to_host(metrics.loss)[:3]       # drop the padding seeds
 
-How the work is split (DESIGN §3: seeds are an axis of one program):
+How the work is split (seeds are an axis of one program, docs/design.md#seeds-as-a-stacked-axis):
 - `seed`: every device of the axis holds its own block of seeds (the
   stacked `TrainState` sharded on its leading axis) and runs the same
   per-seed program on them (`train.over_seeds`: `lax.map` on CPU, `vmap`

@@ -114,7 +114,10 @@ def init_output_layer(key, spec: ModelSpec) -> dict:
 
 
 def init_params(key, spec: ModelSpec) -> dict:
-  """PyTorch-default init, then the SDM constraint applied once (reference §2)."""
+  """PyTorch-default init, then the SDM constraint applied once, as the authors' `on_fit_start` does.
+
+  TrentBrick/SDMContinualLearner, models/Base_Model.py; docs/reference_code.md#sdmlp.
+  """
   hidden_key, output_key = jax.random.split(key)
   params = {
       "hidden": _torch_linear_init(hidden_key, spec.input_size, spec.neurons, spec.hidden_bias),
@@ -126,8 +129,10 @@ def init_params(key, spec: ModelSpec) -> dict:
 def project_params(params: dict, spec: ModelSpec) -> dict:
   """The SDM constraint: every parameter >= 0, then unit-norm neuron addresses.
 
-  Reference §2: the clamp covers all parameters (output layer and biases too);
-  the normalisation covers only the hidden kernel's columns (one per neuron).
+  As the authors' `check_enforce_pos_and_l2_norm_weights` (TrentBrick/SDMContinualLearner,
+  models/Base_Model.py; docs/reference_code.md#sdmlp): the clamp covers all
+  parameters (output layer and biases too); the normalisation covers only the
+  hidden kernel's columns (one per neuron). Paper App. A.5 items 2-4.
   """
   if spec.positive_weights:
     params = jax.tree.map(jax.nn.relu, params)

@@ -8,10 +8,12 @@ Synopsis::
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)   # params now satisfy the constraint
 
-The reference (reference-code §1) clips the global gradient norm to 1.0, steps
-the optimiser, then clamps every parameter >= 0 and renormalises the neuron
-addresses. `project_after_update` puts that last step inside the optax chain
-so a TrainState never holds an unconstrained parameter.
+The authors' training step (TrentBrick/SDMContinualLearner, models/Base_Model.py:
+manual optimisation, then `on_train_batch_end`; docs/reference_code.md#training-step)
+clips the global gradient norm to 1.0, steps the optimiser, then clamps every
+parameter >= 0 and renormalises the neuron addresses. `project_after_update`
+puts that last step inside the optax chain so a TrainState never holds an
+unconstrained parameter.
 """
 
 from __future__ import annotations
@@ -49,7 +51,11 @@ def project_after_update(projection: Callable) -> optax.GradientTransformation:
 
 def base_optimizer(name: str, learning_rate: float, *, momentum: float = 0.9,
                    weight_decay: float = 0.0) -> optax.GradientTransformation:
-  """The reference's optimisers (reference §3), torch defaults where optax's differ."""
+  """The authors' optimisers, torch defaults where optax's differ.
+
+  As in TrentBrick/SDMContinualLearner, models/Base_Model.py, `configure_optimizers`
+  (docs/reference_code.md#training-step).
+  """
   if name == "sgd":
     return optax.sgd(learning_rate)
   if name == "sgdm":

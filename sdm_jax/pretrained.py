@@ -1,12 +1,15 @@
 """Start a continual run from a pretrained model: keep the hidden layer, reset X_v (the output layer).
 
-The paper's three-step regime (Fig. 2 left; reference-code §4 "Head reset
-after pretraining"): the SDMLP pretrained on ImageNet32 keeps its neuron
-addresses X_a (the hidden kernel), its GABA counters and its epoch count
-(`curr_ep`, which keeps linearly decayed k at k_min), while X_v, the output
-layer that learns the class labels, is replaced by a fresh default-initialised
-layer (PyTorch uniform +-1/sqrt(r), no bias for the SDMLP), clamped >= 0 for
-positive-weight models. The optimiser state is fresh (reference §3).
+The paper's three-step regime (Sec. 5, Fig. 2 left), as the authors' code does
+it (TrentBrick/SDMContinualLearner, py_scripts/combine_params.py,
+`get_params_net_dataloader`; docs/reference_code.md#head-reset-after-pretraining):
+the SDMLP pretrained on ImageNet32 keeps its neuron addresses X_a (the hidden
+kernel), its GABA counters and its epoch count (`curr_ep`, which keeps
+linearly decayed k at k_min), while X_v, the output layer that learns the
+class labels, is replaced by a fresh default-initialised layer (PyTorch
+uniform +-1/sqrt(r), no bias for the SDMLP), clamped >= 0 for positive-weight
+models. The optimiser state is fresh (the authors build a new optimiser for
+the continual run; docs/reference_code.md#training-step).
 
 A pretrain on embeddings records its data file's identity (with the
 embedder key) in final_state.npz; a continual run on embeddings from another
@@ -39,10 +42,10 @@ import optax
 from sdm_jax import regularizers, train
 
 FINAL_STATE = "final_state.npz"
-# Model fields that define the pretrained hidden layer and its behaviour: the reference inherits them
-# from the checkpoint (reference §1, "custom > dataset > checkpoint > defaults"), so a continual run
-# must use the same values. The output head (num_classes, output_bias), dropout and the threshold's
-# numerics may differ.
+# Model fields that define the pretrained hidden layer and its behaviour: the authors' code inherits
+# them from the checkpoint (py_scripts/combine_params.py, `get_params_net_dataloader`: custom > dataset
+# > checkpoint > defaults; docs/reference_code.md#configuration), so a continual run must use the same
+# values. The output head (num_classes, output_bias), dropout and the threshold's numerics may differ.
 MATCH_FIELDS = ("kind", "input_size", "neurons", "hidden_bias", "k", "k_schedule", "inhibition",
                 "gaba_switch_activations", "k_max", "k_transition_epochs", "positive_weights", "l2_norm")
 _IGNORED_BY_KIND = {"relu": ("k", "k_schedule", "inhibition", "gaba_switch_activations", "k_max",

@@ -17,10 +17,11 @@ Synopsis::
     new_params = optax.apply_updates(params, tx.update(grads, opt_state, params)[0])
     state = reg.si_accumulate(state, g, params, new_params)
 
-Everything follows the authors' `models/CL_Benchmarks.py` (reference-code §5),
-which adapts GT-RIPL's Continual-Learning-Benchmark; where the authors' code
-differs from the textbook method, the default is the authors' behaviour and
-the difference is an argument.
+Everything follows the authors' models/CL_Benchmarks.py
+(TrentBrick/SDMContinualLearner; docs/reference_code.md#regularisers), which
+adapts GT-RIPL's Continual-Learning-Benchmark; where the authors' code differs
+from the textbook method, the default is the authors' behaviour and the
+difference is an argument.
 
 Shapes never change between tasks: `RegState` pre-allocates `num_slots`
 (anchor θ*, importance Ω) pairs stacked on a leading axis, with a mask of the
@@ -49,8 +50,8 @@ FISHER_ESTIMATORS = ("reference", "exact")
 FISHER_LABELS = ("true", "sampled", "predicted")
 SI_VARIANTS = ("reference", "textbook")
 
-# Reference defaults (reference-code §5): importance loader of batch 512
-# (`cl_baseline_batch_size`); `cl_baseline_batches_per_dataset` = 5, but the
+# The authors' defaults (models/CL_Benchmarks.py; docs/reference_code.md#regularisers): importance
+# loader of batch 512 (`cl_baseline_batch_size`); `cl_baseline_batches_per_dataset` = 5, but the
 # loop breaks only when i > 5, so 6 batches are used while EWC divides by 5*512.
 REFERENCE_BATCH_SIZE = 512
 REFERENCE_NUM_BATCHES = 6
@@ -165,7 +166,7 @@ def fold(reg_state: RegState) -> RegState:
 def penalty(params, reg_state: RegState, strength) -> jax.Array:
   """λ · Σ_slots Σ_params Σ Ω (θ − θ*)², over the filled slots only.
 
-  This is the reference's `l2_loss` term (reference-code §5), added to the
+  This is the authors' `l2_loss` term (models/CL_Benchmarks.py), added to the
   task loss every step once a slot is filled. Its gradient is 2λ Σ_slots Ω (θ − θ*).
   Computed from the folded form λ (Σ A (θ − m)² + R) (see `RegState`).
   """
@@ -300,7 +301,7 @@ def _sum_over_batches(batch_term, params, x, key, size, *, batch_size, num_batch
 def fisher_reference(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn, beta=1.0,
                      batch_size: int = REFERENCE_BATCH_SIZE, num_batches: int = REFERENCE_NUM_BATCHES,
                      divisor=REFERENCE_FISHER_DIVISOR):
-  """The authors' Fisher estimate ("EWC-MEMORY", reference-code §5), quirks included.
+  """The authors' Fisher estimate ("EWC-MEMORY", models/CL_Benchmarks.py), quirks included.
 
   For each of the first `num_batches` shuffled batches of `batch_size`:
   labels = the model's own argmax predictions (GT-RIPL's `empFI=False`), loss
@@ -308,6 +309,7 @@ def fisher_reference(params, x, y=None, size=None, key=None, *, logits_fn: Logit
   the batch gradient (not a sum of per-example squares); finally Ω /= divisor.
   The reference uses 6 batches but divides by 5·512 = 2560 (its loop's
   off-by-one), hence these defaults. `y` is ignored; key=None means no shuffle.
+  β is the paper's App. G.1 coefficient; see docs/reference_code.md#ewc.
   """
   del y
 
@@ -382,13 +384,14 @@ def fisher_exact(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn,
 def mas_importance(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn,
                    batch_size: int = REFERENCE_BATCH_SIZE, num_batches: int = REFERENCE_NUM_BATCHES,
                    divisor=None):
-  """MAS (Aljundi et al. 2018) as the reference computes it (reference-code §5).
+  """MAS (Aljundi et al. 2018) as the authors compute it (models/CL_Benchmarks.py).
 
   Per batch: loss = mean over the batch's examples and classes of logits²
   (the squared L2 norm of the output, as in GT-RIPL), Ω += |∂loss/∂θ|.
   Divided by `divisor`, by default the length of the FULL task loader,
   ceil(size / batch_size), although only the first `num_batches` batches are
-  summed (for Split CIFAR10 tasks 6 of 20). `y` is ignored.
+  summed (for Split CIFAR10 tasks 6 of 20). `y` is ignored. See
+  docs/reference_code.md#mas.
   """
   del y
   size_ = x.shape[0] if size is None else size
@@ -416,6 +419,7 @@ def si_gradient(params, x, y, valid=None, *, logits_fn: LogitsFn,
   over the batch (the reference's "unregularized" loss, β = `si_beta`).
   "textbook" (Zenke et al. 2017; GT-RIPL): the gradient of the ordinary task
   loss without the penalty, the batch-mean cross-entropy (β ignored).
+  See docs/reference_code.md#si.
   """
   if variant == "reference":
     return jax.grad(tempered_nll)(params, x, y, valid, logits_fn=logits_fn, beta=beta, reduction="sum")

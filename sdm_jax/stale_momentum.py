@@ -15,7 +15,8 @@ optimisers are written exactly as the appendix's Eqs. (SGDM), (Adam),
 (RMSProp), with zero-initialised state; Δ is the update before the learning
 rate (θ_t = θ_{t-1} − λ Δ_t), so everything here is learning-rate free.
 
-Paper versus the authors' notebook (reference-code §6, `StaleGradients.ipynb`);
+Paper (App. D) versus the authors' notebook (TrentBrick/SDMContinualLearner,
+notebooks/StaleGradients.ipynb; docs/reference_code.md#stale-momentum-toy);
 where they differ we follow the paper and say so:
 
 * SGDM. The paper prints Δ_t = γ θ_{t-1} + g_t. Read literally (θ = the

@@ -10,7 +10,7 @@ Synopsis::
     evaluate = make_evaluate(spec=spec)
     correct = evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
 
-Design (DESIGN §3): everything that changes during training lives in one
+Design (docs/design.md): everything that changes during training lives in one
 pytree; the data stays on the device as uint8 and is padded to one shape per
 dataset, so every task, every block of epochs and every k of the schedule run
 the same compiled program; seeds are a leading axis, run with `jax.vmap` (GPU/TPU)
@@ -61,7 +61,7 @@ class EpochMetrics(NamedTuple):
 
   loss: jax.Array
   accuracy: jax.Array
-  dead_fraction: jax.Array  # neurons whose summed activation over the epoch < 1e-4 (reference §2)
+  dead_fraction: jax.Array  # summed activation over the epoch < 1e-4 (docs/reference_code.md#dead-neurons)
   active_per_example: jax.Array  # mean number of neurons > 0 per example
   sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/sparse.py)
 
@@ -150,7 +150,7 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
   if data_axis is not None:
     grads, loss = jax.lax.psum((grads, loss), data_axis)
   si = regularizer is not None and regularizer.method == "si"
-  if si:  # SI's path-integral gradient, every step of every task (reference §5)
+  if si:  # SI's path-integral gradient, every step of every task (docs/reference_code.md#si)
     si_grad = regularizers.si_gradient(state.params, x, y, valid, logits_fn=eval_logits_fn(state, spec=spec),
                                        variant=regularizer.si_variant, beta=regularizer.beta)
     grads = regularizers.si_optimizer_grads(grads, si_grad, variant=regularizer.si_variant)
@@ -352,7 +352,9 @@ def run_block(states: TrainState, *data, dense_block, sparse_block=None):
 
 def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: models.ModelSpec,
              regularizer: regularizers.RegularizerSpec) -> TrainState:
-  """The task boundary: importances on the just-finished task `task`, new anchors (reference §5).
+  """The task boundary: importances on the just-finished task `task`, new anchors.
+
+  As the authors' `learn_task` (models/CL_Benchmarks.py; docs/reference_code.md#regularisers).
 
   Call it after the last epoch of every task but the last. EWC and MAS look at
   that task's training data through the model in evaluation mode.

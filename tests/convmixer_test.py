@@ -59,9 +59,12 @@ def test_schedule_name_is_checked():
     convmixer.make_optimizer(lr=0.01, weight_decay=0.0, clip_norm=1.0, schedule='cosine')
 
 
-@pytest.mark.skipif(not (cifar.SHARED_JPEG_DIR / cifar.JPEG_TAR).is_file(), reason='JPEG stand-in not found')
+_STANDIN = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'cifar10_jpeg'  # as CI has it
+
+
+@pytest.mark.skipif(not (_STANDIN / cifar.JPEG_TAR).is_file(), reason='JPEG stand-in not found')
 def test_tiny_training_reduces_loss_on_real_images(tmp_path):
-  ds = cifar.load_cifar10_jpeg(cache=tmp_path, max_per_class=7)  # 70 real training images
+  ds = cifar.load_cifar10_jpeg(_STANDIN, cache=tmp_path, max_per_class=7)  # 70 real training images
   x, y = ds['train_images'][:64], ds['train_labels'][:64].astype(np.int32)
   model = convmixer.ConvMixer(dim=16, depth=1, kernel_size=5, patch_size=4, num_classes=10)
   tx = convmixer.make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)

@@ -11,7 +11,8 @@ import pytest
 from sdm_jax import data
 from sdm_jax.data import cifar, idx
 
-SHARED_TAR = cifar.SHARED_JPEG_DIR / cifar.JPEG_TAR
+# The stand-in as CI provides it, in the data folder beside the repository.
+SHARED_TAR = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'cifar10_jpeg' / cifar.JPEG_TAR
 
 needs_tar = pytest.mark.skipif(not SHARED_TAR.is_file(),
                                reason=f'{SHARED_TAR} not found')
@@ -47,7 +48,7 @@ def _fake_tar(path: pathlib.Path, per_class: int = 2) -> pathlib.Path:
 def full_jpeg(tmp_path_factory):
   """The whole tar decoded once (~10 s), into a fresh cache."""
   cache = tmp_path_factory.mktemp('cache')
-  return cache, data.load_dataset('cifar10_jpeg', cache=cache)
+  return cache, data.load_dataset('cifar10_jpeg', data_dir=SHARED_TAR.parent, cache=cache)
 
 
 @needs_tar
@@ -60,7 +61,7 @@ def test_full_jpeg_decode_matches_readme(full_jpeg):
   assert np.bincount(ds['test_labels']).tolist() == [1000] * 10
   # Sorted by class, then file number.
   assert (np.diff(ds['train_labels'].astype(int)) >= 0).all()
-  # Decoded statistics quoted in ../shared/data/cifar10_jpeg/README.md, from
+  # Decoded statistics measured once on the stand-in, from
   # per-channel histograms (fast: no float copy of 150M pixels).
   v = np.arange(256) / 255.0
   hist = [np.bincount(ds['train_images'][..., c].ravel(), minlength=256) for c in range(3)]
@@ -79,14 +80,14 @@ def test_full_jpeg_second_load_uses_cache(full_jpeg, monkeypatch):
   assert [p.name for p in cache.iterdir()] == [
       f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-pil{PIL.__version__}.npz']
   monkeypatch.setattr(cifar, 'decode_jpeg_tar', lambda *a: pytest.fail('decoded again'))
-  again = data.load_dataset('cifar10_jpeg', cache=cache)
+  again = data.load_dataset('cifar10_jpeg', data_dir=SHARED_TAR.parent, cache=cache)
   for key in ('train_images', 'train_labels', 'test_images', 'test_labels'):
     np.testing.assert_array_equal(again[key], first[key])
 
 
 @needs_tar
 def test_jpeg_subset_of_real_tar(tmp_path):
-  ds = cifar.load_cifar10_jpeg(cache=tmp_path, max_per_class=3)
+  ds = cifar.load_cifar10_jpeg(SHARED_TAR, cache=tmp_path, max_per_class=3)
   assert ds['train_images'].shape == (30, 32, 32, 3)
   assert ds['train_labels'].tolist() == np.repeat(np.arange(10), 3).tolist()
   assert ds['test_labels'].tolist() == np.repeat(np.arange(10), 3).tolist()
@@ -131,11 +132,13 @@ def test_jpeg_damaged_cache_is_rebuilt(tmp_path):
 
 
 def test_jpeg_missing_names_places_and_remedy(tmp_path, monkeypatch):
-  with pytest.raises(idx.DataError, match=r'(?s)CIFAR-10-images-jpeg\.tar\.gz.*nope.*shared/data/cifar10_jpeg'):
+  with pytest.raises(idx.DataError, match=r'(?s)CIFAR-10-images-jpeg\.tar\.gz.*nope.*--config\.data_dir=DIR'):
     data.load_dataset('cifar10_jpeg', data_dir=tmp_path / 'nope')
-  monkeypatch.setattr(cifar, 'SHARED_JPEG_DIR', tmp_path / 'gone')
   monkeypatch.setenv(idx.ENV_VAR, str(tmp_path / 'env'))
-  with pytest.raises(idx.DataError, match=r'(?s)env.*SDM_JAX_DATA_DIR.*gone'):
+  with pytest.raises(idx.DataError, match=r'(?s)env.*SDM_JAX_DATA_DIR'):
+    data.load_dataset('cifar10_jpeg')
+  monkeypatch.delenv(idx.ENV_VAR)  # nothing else is searched (no folder beside the checkout)
+  with pytest.raises(idx.DataError, match=r'nothing: no data_dir, \$SDM_JAX_DATA_DIR unset'):
     data.load_dataset('cifar10_jpeg')
 
 

@@ -1,4 +1,4 @@
-"""ConvMixer embedder training (reference §3 "ConvMixer embedding network", §4 "ConvMixer embeddings").
+"""ConvMixer embedder training (the authors' settings: docs/reference_code.md#convmixer-embedder).
 
 Command::
 

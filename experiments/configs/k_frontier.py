@@ -16,8 +16,9 @@ is trained twice with the same schedule and T:
 The paper (1K neurons, ImageNet32 pretraining then Split CIFAR-10 embeddings)
 finds NCL accuracy falling and CL accuracy rising as k shrinks. The authors'
 k-ablation runs also turned the positive-weight constraint off and used SGDM
-0.03 (reference-code §8.8); these rows keep the main Split MNIST SDMLP
-settings so they line up with Table 7 and the ablation table.
+0.03 (docs/reference_code.md#ablations-and-investigation-runs); these rows
+keep the main Split MNIST SDMLP settings so they line up with Table 7 and the
+ablation table.
 """
 
 import ml_collections

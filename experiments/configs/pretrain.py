@@ -1,4 +1,4 @@
-"""Pretraining on ImageNet32 (step 2 of the paper's three-step regime, Fig. 2; reference-code §3).
+"""Pretraining on ImageNet32 (step 2 of the paper's three-step regime, Sec. 5, Fig. 2 left).
 
 Command::
 
@@ -13,7 +13,8 @@ layer, output layer, GABA counters, epoch) and WORKDIR/config.json, which
 `experiments.split_cifar` loads with `--config.pretrained=WORKDIR`
 (sdm_jax/pretrained.py: X_a and the counters kept, X_v reset).
 
-Variants: the pretrains that Tables 1 and 3-6 start from (`ROWS`).
+Variants: the pretrains that Tables 1 and 3-6 start from (`ROWS`), with the
+authors' settings (docs/reference_code.md#pretraining-on-imagenet32).
 - On ConvMixer embeddings of ImageNet32 (dataset `embeddings`, 256-d,
   `--config.data_dir=` the embedding file from `experiments.embed`;
   reference `pretrain_on_ImgNet32_embeddings.py`): 300 epochs, T = 500K,

@@ -1,4 +1,4 @@
-"""Split CIFAR-10 / CIFAR-100, class-incremental (paper Tables 1, 3, 4, 5, 6; reference-code §3, §4).
+"""Split CIFAR-10 / CIFAR-100, class-incremental (paper Tables 1, 3, 4, 5, 6; docs/reference_code.md).
 
 Command::
 
@@ -30,9 +30,11 @@ value in `PAPER_FINAL_ACCURACY`):
   `nopretrain_sdmlp`, `nopretrain_relu`: the same on embeddings (any
   embedding width: set `--config.model.input_size`).
 
-Hyperparameters (reference §3 `cont_learn_on_SplitCIFAR10_embeddings.py` and
-siblings): SGD lr 0.05 (no momentum) for every row, except SDMLP+EWC and
-SDMLP+MAS on pretrained embeddings: SGDM lr 0.03. EWC beta 0.08 lambda 100;
+Hyperparameters (the authors' exp_commands/cont_learn_on_SplitCIFAR10_embeddings.py
+and siblings in TrentBrick/SDMContinualLearner;
+docs/reference_code.md#split-cifar-10-on-embeddings): SGD lr 0.05 (no
+momentum) for every row, except SDMLP+EWC and SDMLP+MAS on pretrained
+embeddings: SGDM lr 0.03. EWC beta 0.08 lambda 100;
 MAS lambda 10; L2 lambda 30; SI c 1350 beta 0.02; Dropout p 0.03. Batch 128,
 clip 1.0, a fresh optimiser. Seeds are the reference's class orders
 (`class_order="reference"`): seed 0 = ordinal, 3/15/27/97 = its seeded orders;
@@ -94,7 +96,8 @@ ROWS = {
     "sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="sdmlp_k1"),
     "sdmlp": _row("sdmlp", 1_000, pretrain="sdmlp"),
     "topk": _row("topk", 1_000, pretrain="topk"),
-    # Table 5 lists 64 inputs per cell; the reference's CSV with the same 0.70 used 32 (reference §5).
+    # Table 5 lists 64 inputs per cell; the authors' CSV with the same 0.70 used 32
+    # (docs/reference_code.md#flymodel).
     "flymodel": _row("flymodel", 1_000, k=64, fly_lr=0.005),
     "mas": _row("relu", 1_000, pretrain="relu", regularizer=MAS),
     "ewc": _row("relu", 1_000, pretrain="relu", regularizer=EWC),

@@ -11,7 +11,7 @@ Variants and sizes as in `split_mnist.py` (the same rows), with dataset
 /usr/share/datasets/fashion-mnist or TFDS; see the README).
 
 Hyperparameters: the authors' repository has no FashionMNIST SDM or baseline
-runs (its README says so; only FlyModel CSVs exist, reference-code §8.10), so
+runs (its README says so; only FlyModel CSVs exist, docs/reference_code.md#split-mnist), so
 we use their Split MNIST settings for every row (SGD 0.05, T = 5M, EWC beta
 0.005 lambda 200, MAS lambda 0.5, SI beta 0.005 c 1500): FashionMNIST has the
 same image size, class count and task sizes, and the paper reports the two

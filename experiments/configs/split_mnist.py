@@ -1,4 +1,4 @@
-"""Split MNIST, class-incremental (paper Table 7; reference-code §3 "Split MNIST").
+"""Split MNIST, class-incremental (paper Table 7, App. F.3; docs/reference_code.md#split-mnist).
 
 Command::
 
@@ -50,8 +50,9 @@ import ml_collections
 
 # Every row of the paper's Table 7, in its order (plus L2, Table 9). Fields: model kind, neurons,
 # k (FlyModel: inputs per Kenyon cell, the table's "k" column), regulariser (method, lambda,
-# beta) with the reference's Split MNIST values (reference-code §3: EWC beta 0.005 lambda 200,
-# MAS lambda 0.5, SI beta 0.005 c 1500, L2 lambda 10), FlyModel learning rate.
+# beta) with the authors' Split MNIST values (TrentBrick/SDMContinualLearner,
+# exp_commands/cont_learn_on_SplitMNIST.py; docs/reference_code.md#split-mnist: EWC beta 0.005
+# lambda 200, MAS lambda 0.5, SI beta 0.005 c 1500, L2 lambda 10), FlyModel learning rate.
 ROWS = {
     "sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1),
     "sdmlp": dict(kind="sdmlp", neurons=1_000, k=10),
@@ -137,7 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer.clip_norm = 1.0
   config.optimizer.weight_decay = 0.0  # adamw only
 
-  # Continual-learning regulariser added to the loss (reference §5; paper Table 9).
+  # Continual-learning regulariser added to the loss (docs/reference_code.md#regularisers; paper App. G.1, Table 9).
   config.regularizer = ml_collections.ConfigDict()
   config.regularizer.method = "none"  # none | l2 | ewc | mas | si
   config.regularizer.strength = 0.0  # lambda

@@ -4,14 +4,16 @@ Two kinds of source, both returning the dict of `idx.load_idx_dataset`
 (`train_images` uint8 [N, 32, 32, 3], `train_labels`, `test_images`,
 `test_labels`, `source`) plus `lossy` (bool) and `num_classes`:
 
-* TFDS (the production path, reference §4): 'cifar10', 'cifar100' and
+* TFDS (the production path; preprocessing as the authors':
+  docs/reference_code.md#preprocessing): 'cifar10', 'cifar100' and
   'imagenet32' (TFDS `imagenet_resized/32x32`, whose 'validation' split is
   the test set, as in the reference). Read with `tfds.data_source`, which
   needs no TensorFlow; `data_dir` may be a bucket path (`gs://...`). With
   `manual_dir`, the dataset is first prepared from archives on disk
   (`tfds.download.DownloadConfig(manual_dir=...)`) into `data_dir`.
-* 'cifar10_jpeg': the LOSSY JPEG re-encoding of CIFAR-10 in
-  `../shared/data/cifar10_jpeg` (labels exact, pixels not). It is decoded
+* 'cifar10_jpeg': the LOSSY JPEG re-encoding of CIFAR-10,
+  `CIFAR-10-images-jpeg.tar.gz` (labels exact, pixels not), found in
+  `data_dir` or `$SDM_JAX_DATA_DIR`. It is decoded
   once and cached as an `.npz` keyed by the tar's sha256. Every result made
   from it must say so: the dict has `lossy=True` and a `source` starting
   with 'LOSSY JPEG stand-in'.
@@ -27,7 +29,7 @@ Synopsis::
 
     from sdm_jax import data
 
-    ds = data.load_dataset('cifar10_jpeg')        # ~7 s the first time, < 1 s after
+    ds = data.load_dataset('cifar10_jpeg', data_dir='~/data')   # ~7 s the first time, < 1 s after
     ds['train_images'].shape, ds['lossy']         # (50000, 32, 32, 3) True
     ds = data.load_dataset('imagenet32', data_dir='gs://bucket/tensorflow_datasets')
     ds = data.load_dataset('cifar10', data_dir='~/tfds', manual_dir='~/archives')
@@ -56,14 +58,10 @@ CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog',
 
 JPEG_TAR = 'CIFAR-10-images-jpeg.tar.gz'
 JPEG_SHA256 = '99922bb47711b6bca07ca0cde0c98064ba836163828bf6d619c827344e00ca04'
-"""sha256 of the shared tar (../shared/data/cifar10_jpeg/README.md)."""
+"""sha256 of CIFAR-10-images-jpeg.tar.gz, the LOSSY JPEG stand-in."""
 
 JPEG_COUNTS = {'train': 5000, 'test': 1000}
 """Images per class in each split of the JPEG stand-in."""
-
-SHARED_JPEG_DIR = (pathlib.Path(__file__).resolve().parents[3] / 'shared'
-                   / 'data' / 'cifar10_jpeg')
-"""Where the tar is when the repository sits next to the shared folder."""
 
 CACHE_ENV_VAR = 'SDM_JAX_CACHE_DIR'
 """Environment variable naming the folder for decoded-dataset caches."""
@@ -127,7 +125,8 @@ def prepare_tfds(name: str, data_dir: Optional[PathLike],
   Uses `tfds.download.DownloadConfig(manual_dir=...)`: TFDS takes the
   archives from `manual_dir` instead of downloading them and checks their
   registered checksums. Give each dataset its own `manual_dir`: TFDS caches
-  extracted files by file name (see ../shared/data/README.md). TFDS's
+  extracted files by file name (two datasets prepared from one folder can
+  silently reuse each other's extracted files). TFDS's
   archive extractor uses `tf.io.gfile`, so this step (unlike reading) needs
   TensorFlow (`pip install tensorflow-cpu`): without it TFDS fails with
   "No module named 'tensorflow'" (seen on MNIST's .gz files, TFDS 4.9.10).
@@ -223,8 +222,8 @@ def resolve_jpeg_tar(data_dir: Optional[PathLike] = None) -> pathlib.Path:
   """Finds `CIFAR-10-images-jpeg.tar.gz`.
 
   Looks at `data_dir` only, if given (the tar itself, DIR/tar or
-  DIR/cifar10_jpeg/tar); otherwise at `$SDM_JAX_DATA_DIR` the same way,
-  then at ../shared/data/cifar10_jpeg next to the repository.
+  DIR/cifar10_jpeg/tar); otherwise at `$SDM_JAX_DATA_DIR` the same way.
+  Nothing outside those two places is searched.
 
   Raises:
     DataError: not found; the message lists the places looked at.
@@ -241,16 +240,14 @@ def resolve_jpeg_tar(data_dir: Optional[PathLike] = None) -> pathlib.Path:
   else:
     env = os.environ.get(idx.ENV_VAR, '')
     places = candidates(pathlib.Path(env), f'${idx.ENV_VAR}') if env else []
-    places.append((SHARED_JPEG_DIR / JPEG_TAR, 'shared data next to the repo'))
   for path, _ in places:
     if path.is_file():
       return path
-  looked = '\n'.join(f'  {p} ({o}): not found' for p, o in places)
+  looked = '\n'.join(f'  {p} ({o}): not found' for p, o in places) or f'  nothing: no data_dir, ${idx.ENV_VAR} unset'
   raise idx.DataError(
       f"Cannot find {JPEG_TAR} of dataset 'cifar10_jpeg'. Looked at:\n{looked}\n"
-      f'To get it: pass data_dir=DIR (or set {idx.ENV_VAR}) to the folder '
-      f'holding {JPEG_TAR} (sha256 {JPEG_SHA256}); the project keeps it in '
-      '../shared/data/cifar10_jpeg (see its README.md).')
+      f'To get it: pass --config.data_dir=DIR (in Python: data_dir=DIR; or set '
+      f'{idx.ENV_VAR}) to the folder holding {JPEG_TAR} (sha256 {JPEG_SHA256}).')
 
 
 def file_sha256(path: PathLike) -> str:
@@ -360,8 +357,8 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
   if verify and sha != JPEG_SHA256:
     raise idx.DataError(
         f"checksum mismatch in {tar} (dataset 'cifar10_jpeg'): expected "
-        f'sha256 {JPEG_SHA256}, got {sha}. Restore it from '
-        '../shared/data/cifar10_jpeg, or pass verify=False for another copy.')
+        f'sha256 {JPEG_SHA256}, got {sha}. Restore the original file, or '
+        'pass verify=False for another copy.')
   import PIL  # pylint: disable=g-import-not-at-top  (optional dep; the decoder's version keys the cache)
   suffix = '' if max_per_class is None else f'-{max_per_class}'
   cached = cache_dir(cache) / f'cifar10_jpeg-{sha[:16]}-pil{PIL.__version__}{suffix}.npz'

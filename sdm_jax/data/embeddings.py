@@ -1,7 +1,7 @@
 """Cached embedding files: a dataset's images passed through a trained embedder.
 
-The reference trains its SDMLPs on 256-d ConvMixer embeddings (reference
-§4, "ConvMixer embeddings"): the avgpool output of the ConvMixer, stored with
+The authors train their SDMLPs on 256-d ConvMixer embeddings
+(docs/reference_code.md#convmixer-embedder, #preprocessing): the avgpool output of the ConvMixer, stored with
 their labels and loaded as stored (they can be negative). Here one `.npz`
 file holds both splits plus a record of what made it:
 

@@ -1,16 +1,35 @@
-"""Independent PyTorch check of the reference EWC-Memory loop on Split MNIST (reference-code.md §5)."""
-import sys, time, gzip, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+"""Independent PyTorch check of the authors' EWC-Memory loop on Split MNIST.
+
+The loop is the one docs/reference_code.md#ewc describes (TrentBrick/SDMContinualLearner,
+models/CL_Benchmarks.py, "EWC-MEMORY"); see README.md beside this file.
+
+    python experiments/results/ewc_torch_check/ewc_torch.py 200 0.005 10 0   # lambda beta epochs/task seed
+    python experiments/results/ewc_torch_check/ewc_torch.py 200 0.005 10 0 --data_dir=DIR
+
+--data_dir: a folder with the four MNIST IDX .gz files (default: the copy shipped in sdm_jax/data/mnist).
+"""
+import argparse, os, pathlib, time, gzip, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+REPO_MNIST = pathlib.Path(__file__).resolve().parents[3] / "sdm_jax" / "data" / "mnist"
+parser = argparse.ArgumentParser(description="PyTorch EWC-Memory on class-incremental Split MNIST.")
+parser.add_argument("lam", type=float, help="lambda, the penalty's strength")
+parser.add_argument("beta", type=float, help="beta of the tempered softmax in the Fisher estimate")
+parser.add_argument("epochs", type=int, help="epochs per task")
+parser.add_argument("seed", type=int)
+parser.add_argument("--data_dir", default=str(REPO_MNIST),
+                    help="folder with the MNIST IDX .gz files (default: the repository's sdm_jax/data/mnist)")
+args = parser.parse_args()
 torch.set_num_threads(2)
 def idx(path):
     raw = gzip.open(path).read(); nd = raw[3]
     dims = [int.from_bytes(raw[4+4*i:8+4*i], "big") for i in range(nd)]
     return np.frombuffer(raw, np.uint8, offset=4+4*nd).reshape(dims)
-d = "/work/shared/data/mnist/"
-xtr = torch.tensor(idx(d+"train-images-idx3-ubyte.gz").reshape(-1, 784) / 255., dtype=torch.float32)
-ytr = torch.tensor(idx(d+"train-labels-idx1-ubyte.gz").astype(np.int64))
-xte = torch.tensor(idx(d+"t10k-images-idx3-ubyte.gz").reshape(-1, 784) / 255., dtype=torch.float32)
-yte = torch.tensor(idx(d+"t10k-labels-idx1-ubyte.gz").astype(np.int64))
-lam, beta, epochs, seed = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+d = args.data_dir
+f = lambda name: os.path.join(d, name)
+xtr = torch.tensor(idx(f("train-images-idx3-ubyte.gz")).reshape(-1, 784) / 255., dtype=torch.float32)
+ytr = torch.tensor(idx(f("train-labels-idx1-ubyte.gz")).astype(np.int64))
+xte = torch.tensor(idx(f("t10k-images-idx3-ubyte.gz")).reshape(-1, 784) / 255., dtype=torch.float32)
+yte = torch.tensor(idx(f("t10k-labels-idx1-ubyte.gz")).astype(np.int64))
+lam, beta, epochs, seed = args.lam, args.beta, args.epochs, args.seed
 torch.manual_seed(seed)
 model = nn.Sequential(nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
