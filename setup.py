@@ -11,6 +11,7 @@ CORE = [
     "absl-py>=2.0",
     "ml-collections>=0.1.1",
     "numpy>=1.26",
+    "tensorboardX>=2.6",  # TensorBoard event files of every run's curves, without TensorFlow
 ]
 
 setuptools.setup(
@@ -26,8 +27,10 @@ setuptools.setup(
     install_requires=CORE,
     extras_require={
         # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).
+        # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files.
         "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8",
-                 "tensorflow-datasets>=4.9", "importlib_resources", "pillow>=10"],
+                 "tensorflow-datasets>=4.9", "importlib_resources", "pillow>=10", "scikit-learn>=1.3",
+                 "tensorboard>=2.16"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         # The JPEG CIFAR-10 stand-in is decoded with Pillow.
         "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],

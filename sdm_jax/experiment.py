@@ -22,12 +22,13 @@ refused, and so is a pretrained run whose pretrain saw another embedder
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import functools
 import json
 import math
 import os
 import pathlib
+import platform
 import sys
 import time
 from typing import Any
@@ -39,7 +40,8 @@ import numpy as np
 
 from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
-from sdm_jax import checkpoint, flymodel, layers, metrics, models, optim, pretrained, regularizers, sparse, train
+from sdm_jax import (checkpoint, continual, flymodel, layers, metrics, models, optim, pretrained,
+                     regularizers, sparse, train)
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
@@ -62,9 +64,6 @@ INT_FIELDS = ("num_classes", "classes_per_task", "epochs_per_task", "eval_every"
               "checkpoint_every_epochs", "keep_checkpoints", "pretrained_index", "model.input_size",
               "model.num_classes", "model.neurons", "model.k", "model.k_max", "model.k_transition_epochs",
               "model.n_response")
-# A task whose switch has not got this far (mean lambda of Eq. 8 over neurons; -1 none, 1 all) is
-# reported: the reference's own Split MNIST runs end task 1 at 0.72-0.76 (experiments/results).
-GABA_INCOMPLETE_LAMBDA = 0.5
 
 
 def _leaves(config, prefix=""):
@@ -110,6 +109,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if source == "tfds" and not config.get("data_dir"):
     _fail("data_dir", "data_source='tfds' downloads the dataset into data_dir: name a folder "
           "(--config.data_dir=DIR)")
+  _validate_model(config)
+  _validate_optimizer(config.optimizer)
+  _validate_regularizer(config.get("regularizer"))
+  _validate_run(config)
+
+
+def _validate_model(config: ml_collections.ConfigDict) -> None:
   m = config.model
   if m.kind not in MODEL_KINDS:
     _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
@@ -149,7 +155,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
   if m.threshold_method not in layers.THRESHOLD_METHODS:
     _fail("model.threshold_method", f"unknown method {m.threshold_method!r}")
-  o = config.optimizer
+
+
+def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
   if o.name not in optim.OPTIMIZERS:
     _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optim.OPTIMIZERS}")
   if not o.learning_rate > 0:
@@ -160,7 +168,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _fail("optimizer.momentum", f"must be in [0, 1), got {o.momentum}")
   if o.weight_decay < 0:
     _fail("optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
-  r = config.get("regularizer")
+
+
+def _validate_regularizer(r: ml_collections.ConfigDict | None) -> None:
   if r is not None:
     if r.method not in ("none",) + regularizers.METHODS:
       _fail("regularizer.method", f"unknown regularizer {r.method!r}; choose one of {('none',) + regularizers.METHODS}")
@@ -176,6 +186,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       _fail("regularizer.fisher_labels", f"must be one of {regularizers.FISHER_LABELS}, got {r.fisher_labels!r}")
     if r.si_variant not in regularizers.SI_VARIANTS:
       _fail("regularizer.si_variant", f"must be one of {regularizers.SI_VARIANTS}, got {r.si_variant!r}")
+
+
+def _validate_run(config: ml_collections.ConfigDict) -> None:
+  """Schedule, seeds, classes, checkpoints, mesh and pretraining fields."""
+  m, r = config.model, config.get("regularizer")
   if config.get("checkpoint_every_epochs", 50) <= 0:
     _fail("checkpoint_every_epochs", f"must be positive, got {config.checkpoint_every_epochs}")
   if config.get("keep_checkpoints", 2) < 1:
@@ -258,9 +273,8 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
 
 def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   o = config.optimizer
-  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
-  return optim.make_optimizer(o.name, o.learning_rate, clip_norm=o.clip_norm or None,
-                              momentum=o.momentum, weight_decay=o.weight_decay, projection=projection)
+  return optim.for_model(spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum,
+                         weight_decay=o.weight_decay)
 
 
 def data_identity(config: ml_collections.ConfigDict) -> dict | None:
@@ -303,10 +317,10 @@ def load_data(config: ml_collections.ConfigDict) -> dict[str, Any]:
                                **({"source": source} if config.dataset in ("mnist", "fashion_mnist") else {}))
 
 
-def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Loads the dataset and returns padded per-task arrays on the device.
+def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
+  """Loads the dataset and splits it into the run's tasks (`continual.split_tasks`), on the device.
 
-  Arrays have a leading seed axis only when seeds have different class orders.
+  The arrays have a leading seed axis unless `class_order` is "ordinal" (every seed the same order).
   """
   dataset = load_data(config)
   features = int(np.prod(dataset["train_images"].shape[1:]))
@@ -315,39 +329,10 @@ def build_tasks(config: ml_collections.ConfigDict) -> dict[str, Any]:
           f"{config.dataset} ({dataset.get('source', config.data_dir)})")
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
   orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
-  per_order = []
-  for order in orders if config.class_order != "ordinal" else orders[:1]:
-    classes = data_lib.task_classes(order, config.classes_per_task)
-    train_x, train_y, train_sizes = data_lib.pad_tasks(
-        data_lib.split_by_task(dataset["train_images"], dataset["train_labels"], classes))
-    test_x, test_y, test_sizes = data_lib.pad_tasks(
-        data_lib.split_by_task(dataset["test_images"], dataset["test_labels"], classes))
-    flat = lambda a: a.reshape(a.shape[0], a.shape[1], -1)
-    per_order.append(dict(train_x=flat(train_x), train_y=train_y.astype(np.int32), train_sizes=train_sizes,
-                          test_x=flat(test_x), test_y=test_y.astype(np.int32), test_sizes=test_sizes,
-                          task_classes=classes.astype(np.int32)))
-  seed_axis = config.class_order != "ordinal"
-  if seed_axis:
-    # Pad every order to the same per-task length before stacking on the seed axis.
-    stacked = {}
-    for name in per_order[0]:
-      arrays = [d[name] for d in per_order]
-      if arrays[0].ndim >= 2 and name != "task_classes":
-        longest = max(a.shape[1] for a in arrays)
-        arrays = [np.pad(a, [(0, 0), (0, longest - a.shape[1])] + [(0, 0)] * (a.ndim - 2)) for a in arrays]
-      stacked[name] = np.stack(arrays)
-    tasks = stacked
-  else:
-    tasks = per_order[0]
-  tasks = {k: jnp.asarray(v) for k, v in tasks.items()}
-  tasks["seed_axis"] = seed_axis
-  tasks["orders"] = [list(map(int, o)) for o in orders]
-  tasks["source"] = dataset.get("source", "")
-  tasks["lossy"] = bool(dataset.get("lossy", False))
-  return tasks
+  return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=config.class_order != "ordinal")
 
 
-def check_against_data(config: ml_collections.ConfigDict, tasks: dict) -> ml_collections.ConfigDict:
+def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks) -> ml_collections.ConfigDict:
   """What validation needs the data for; returns the config to run, with GABA T resolved.
 
   Raises ValueError naming the field if `batch_size` exceeds the smallest
@@ -359,7 +344,7 @@ def check_against_data(config: ml_collections.ConfigDict, tasks: dict) -> ml_col
   epochs of the first task. The reference's T = 5M on Split MNIST (12,665
   examples in task 1) is E = 395; its quick schedule's T = 500K is E = 39.5.
   """
-  sizes = np.asarray(tasks["train_sizes"]).reshape(-1, np.asarray(tasks["train_sizes"]).shape[-1])
+  sizes = np.asarray(tasks.train_sizes).reshape(-1, tasks.num_tasks)
   smallest = int(sizes.min())
   if config.batch_size > smallest and config.model.kind != "flymodel":  # (one pass, no batches)
     _fail("batch_size", f"{config.batch_size} is larger than the smallest task, which has {smallest} training "
@@ -397,7 +382,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
 
 
 def _lossy_note(tasks) -> str:
-  return "; LOSSY stand-in: not the real dataset" if tasks.get("lossy") else ""
+  return "; LOSSY stand-in: not the real dataset" if tasks.lossy else ""
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -417,15 +402,9 @@ def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path, is_m
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-  """Runs the class-incremental protocol for every seed (vmapped) and writes the results.
-
-  Everything that can refuse the run does so before anything is written:
-  the config (`validate_config`), the pretrained model, the data (loaded
-  first; `check_against_data`), the workdir (`check_workdir`) and its
-  checkpoints' config. A refused run leaves the workdir byte for byte as it was.
-  """
-  start_time = time.time()
+def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+  """Everything that can refuse the run, before anything is written: returns the config to run
+  (GABA T resolved), the tasks and the pretrained model (or None)."""
   validate_config(config)
   pre = None
   if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
@@ -436,265 +415,216 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     note = pretrained.check_same_embedder(pre, identity)
     if note:
       _log(note)
-  tasks = build_tasks(config)
-  tasks["identity"] = identity
+  tasks = build_tasks(config).replace(identity=identity)
   config = check_against_data(config, tasks)
-  workdir = pathlib.Path(workdir)
   check_workdir(config, workdir)
+  return config, tasks, pre
+
+
+def schedule_of(config: ml_collections.ConfigDict) -> continual.Schedule:
+  return continual.Schedule(config.epochs_per_task, config.eval_every, config.batch_size)
+
+
+def _config_json(config: ml_collections.ConfigDict) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+  """Runs the class-incremental protocol for every seed (one program) and writes the results.
+
+  Everything that can refuse the run does so before anything is written:
+  the config (`validate_config`), the pretrained model, the data (loaded
+  first; `check_against_data`), the workdir (`check_workdir`) and its
+  checkpoints' config. A refused run leaves the workdir byte for byte as it was.
+  """
+  start_time = time.time()
+  workdir = pathlib.Path(workdir)
+  config, tasks, pre = _prepare(config, workdir)
   is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
   if config.model.kind == "flymodel":
     _write_config(config, workdir, is_main)
     return run_flymodel(config, workdir, tasks=tasks, start=start_time)
-
   spec = model_spec(config)
   if config.model.get("gaba_switch_epochs", 0.0) > 0:
     _log(f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
          f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)")
-  tx = make_tx(config, spec)
-  num_tasks = config.num_classes // config.classes_per_task
-  seeds = list(config.seeds)
-  num_seeds = len(seeds)
-
-  regularizer = regularizer_spec(config)
-  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
+  tx, regularizer = make_tx(config, spec), regularizer_spec(config)
+  states = train.init_states(np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer,
+                             num_tasks=tasks.num_tasks)
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
-    states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
+    states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
     _log(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
   # Device mesh (sdm_jax/mesh.py): seeds padded to a multiple of its seed axis and split over it;
-  # every host-side read below keeps the first num_seeds rows. None: one device, nothing changes.
+  # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
   mesh = mesh_lib.from_config(config)
   states = mesh_lib.to_mesh(states, mesh)
-  for name in ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes", "task_classes"):
-    tasks[name] = mesh_lib.to_mesh(tasks[name], mesh, seed_axis=tasks["seed_axis"])
-  real = lambda tree: jax.tree.map(lambda a: a[:num_seeds], tree)
-  train_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
-                                       epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
-                                       regularizer=regularizer, mesh=mesh)
-  end_task = None
-  if regularizer is not None:
-    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=tasks["seed_axis"],
-                                   mesh=mesh)
-  evaluate = train.make_evaluate(spec=spec, seed_axis_data=tasks["seed_axis"], mesh=mesh)
-  sparse_sgd = sparse_step_for(config, spec)
-  sparse_block = None
-  if sparse_sgd is not None:
-    sparse_block = train.make_train_block(spec=spec, tx=tx, batch_size=config.batch_size,
-                                          epochs=config.eval_every, seed_axis_data=tasks["seed_axis"],
-                                          sparse_sgd=sparse_sgd, mesh=mesh)
-
-  acc = np.zeros((num_seeds, num_tasks, num_tasks))
-  acc_task_il = np.zeros((num_seeds, num_tasks, num_tasks))
-  curves: list[dict] = []
-  warnings: list[str] = []
-  blocks_per_task = config.epochs_per_task // config.eval_every
-  total_blocks = blocks_per_task * num_tasks
-  blocks_done = 0
-  elapsed_before = 0.0  # wall time of earlier (interrupted) sessions of this run
-  sparse_started = False
-  active_last = None  # most active units per example in the last block (None: not known yet)
-  sparse_retry_at = 0
-
-  # Resume from the newest checkpoint of this workdir that restores (same config only). Read
-  # before config.json is written: a refused resume must leave the workdir as it was.
-  config_dict = json.loads(config.to_json_best_effort(sort_keys=True))
-  # (Every process builds the manager at the same point: orbax synchronises processes there.)
+  tasks = tasks.replace(**{name: mesh_lib.to_mesh(getattr(tasks, name), mesh, seed_axis=tasks.seed_axis)
+                           for name in continual.TASK_ARRAYS})
+  engine = continual.make_engine(spec, tx, schedule_of(config), seed_axis=tasks.seed_axis, regularizer=regularizer,
+                                 sparse_sgd=sparse_step_for(config, spec), mesh=mesh)
+  # Every process builds the manager at the same point (orbax synchronises processes there); it
+  # is read before config.json is written, so a refused resume leaves the workdir as it was.
   checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2), create=False)
   # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
-  restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, num_seeds, mesh), config_dict)
-  if restored is not None:
-    where = pathlib.Path(checkpoints.directory) / str(restored.step)
-    note = check_same_data(restored.progress, identity, where)
+  restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, len(config.seeds), mesh),
+                                       _config_json(config))
+  note = None if restored is None else check_same_data(restored.progress, tasks.identity,
+                                                       pathlib.Path(checkpoints.directory) / str(restored.step))
   _write_config(config, workdir, is_main)
   (workdir / "checkpoints").mkdir(exist_ok=True)
+  progress, elapsed_before = continual.Progress.start(len(config.seeds), tasks.num_tasks), 0.0
   if restored is not None:
     if note:
       _log(note)
-    for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
-      _log(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
-           f"the unreadable one is kept in {moved}")
-    progress = restored.progress
-    states = mesh_lib.pad(restored.states, mesh)
-    blocks_done, elapsed_before = progress["blocks_done"], progress["elapsed_s"]
-    acc[:], acc_task_il[:] = np.asarray(progress["acc"]), np.asarray(progress["acc_task_il"])
-    curves = progress["curves"]
-    warnings = progress.get("warnings", [])
-    sparse_started, active_last = progress["sparse_started"], progress["active_last"]
-    sparse_retry_at = progress["sparse_retry_at"]
-    _log(f"resuming from {where}: {blocks_done} of {total_blocks} "
-         f"evaluation blocks done ({_fmt_duration(elapsed_before)} of training so far)")
+    states, progress, elapsed_before = _resume(restored, checkpoints, mesh, tasks, config)
+  return _train(config, workdir, engine, states, tasks, progress, checkpoints=checkpoints, mesh=mesh,
+                elapsed_before=elapsed_before, is_main=is_main)
 
-  def save_checkpoint():
-    progress = dict(blocks_done=blocks_done, elapsed_s=elapsed_before + time.time() - start,
-                    acc=acc.tolist(), acc_task_il=acc_task_il.tolist(), curves=curves,
-                    sparse_started=sparse_started, active_last=active_last, sparse_retry_at=sparse_retry_at,
-                    data_identity=identity, warnings=warnings)
-    checkpoint.save(checkpoints, blocks_done, mesh_lib.unpad(states, num_seeds, mesh), progress, config_dict)
 
-  csv_path = workdir / "metrics.csv"
-  csv_fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy",
-                 "dead_fraction", "active_per_example", "gaba_lambda_mean"]
-                + [f"accuracy_task{j}" for j in range(num_tasks)])
-  csv_file = csv_path.open("w", newline="") if is_main else open(os.devnull, "w")
-  writer = csv.DictWriter(csv_file, fieldnames=csv_fields)
-  writer.writeheader()
-  writer.writerows(curves)  # the rows of earlier sessions, when resuming
+def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.Tasks, config):
+  """(states on the mesh, progress, training time of earlier sessions) from a restored checkpoint;
+  unreadable newer checkpoints are set aside, each with one line in the log."""
+  where = pathlib.Path(checkpoints.directory) / str(restored.step)
+  for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
+    _log(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
+         f"the unreadable one is kept in {moved}")
+  progress = continual.Progress.from_json(restored.progress)
+  total = schedule_of(config).blocks_per_task * tasks.num_tasks
+  elapsed = restored.progress["elapsed_s"]
+  _log(f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
+       f"({_fmt_duration(elapsed)} of training so far)")
+  return mesh_lib.pad(restored.states, mesh), progress, elapsed
 
-  checkpoint_every_blocks = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
-  train_sizes = np.asarray(tasks["train_sizes"]).reshape(-1, num_tasks)
-  steps_per_block = [int(np.ceil(train_sizes[:, t] / config.batch_size).max()) * config.eval_every
-                     for t in range(num_tasks)]
-  start = time.time()
-  steady_time, steady_steps, session_blocks = 0.0, 0, 0
-  status = "running"
-  failure = None
 
-  def write_results():
-    results = _results(config, spec, seeds, tasks, acc, acc_task_il, curves,
-                       elapsed_before + time.time() - start, status, failure, blocks_done, blocks_per_task,
-                       num_tasks)
-    results["warnings"] = warnings
-    if is_main:
-      (workdir / "results.json").write_text(json.dumps(results, indent=2))
-    return results
+@dataclasses.dataclass
+class _Speed:
+  """Steps per second over this session's blocks after the first (which includes compilation)."""
 
-  _log(f"sdm_jax: {config.dataset} ({tasks['source']}{_lossy_note(tasks)}), {num_tasks} tasks x {config.epochs_per_task} "
-       f"epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
+  steps_per_block: list
+  blocks_per_task: int
+  seconds: float = 0.0
+  steps: int = 0
+  blocks: int = 0
+
+  def update(self, dt: float, task: int) -> None:
+    self.blocks += 1
+    if self.blocks > 1:
+      self.seconds, self.steps = self.seconds + dt, self.steps + self.steps_per_block[task]
+
+  def line(self, num_seeds: int, task: int, block_in_task: int) -> str:
+    if not self.seconds:
+      return "rate and ETA from the next block (this one compiled)"
+    rate = self.steps / self.seconds
+    remaining = (sum(self.steps_per_block[task + 1:]) * self.blocks_per_task
+                 + self.steps_per_block[task] * (self.blocks_per_task - block_in_task - 1))
+    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {_fmt_duration(remaining / rate)}"
+
+
+def _progress_line(block: continual.Block, progress: continual.Progress, config, speed: _Speed) -> str:
+  num_tasks, seeds = progress.acc.shape[1], len(config.seeds)
+  last = block.rows
+  spread = f" ±{metrics.sem(block.full):.4f}" if seeds > 1 else ""
+  return (f"task {block.task + 1}/{num_tasks} epoch {block.epoch_in_task}/{config.epochs_per_task} | "
+          f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
+          f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
+          f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
+          + ("sparse step | " if block.ran_sparse else "")
+          + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1))
+
+
+def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, tasks: continual.Tasks,
+           progress: continual.Progress, *, checkpoints, mesh, elapsed_before: float, is_main: bool) -> dict:
+  """The task loop (`continual.run`) and what happens around it: curves, checkpoints, log, results."""
+  seeds, schedule = list(config.seeds), schedule_of(config)
+  checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
+  speed = _Speed(schedule.steps_per_block(tasks), schedule.blocks_per_task)
+  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, progress.curves)
+  start, status, failure = time.time(), "running", None
+
+  def save(states):
+    saved = dict(progress.to_json(), elapsed_s=elapsed_before + time.time() - start, data_identity=tasks.identity)
+    checkpoint.save(checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved,
+                    _config_json(config))
+
+  spec = engine.spec
+  _log(f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
+       f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
        f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
        f"backend {jax.default_backend()}")
   try:
-    for task, block in [divmod(b, blocks_per_task) for b in range(blocks_done, total_blocks)]:
+    t0 = time.time()
+    for states, block in continual.run(engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host):
+      speed.update(time.time() - t0, block.task)
+      writer.write_rows(block.rows)
+      if block.first_sparse:
+        _log(f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
+             f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
+             "(exact, see sdm_jax/sparse.py)")
+      if block.warning:
+        _log("WARNING: " + block.warning)
+      if block.task_end or progress.blocks_done % checkpoint_every == 0:
+        save(states)
+      _log(_progress_line(block, progress, config, speed))
       t0 = time.time()
-      # Once few units fire per example (the GABA switch is nearly done), try the sparse step;
-      # `run_block` redoes the block densely when it was not exact, and we back off for a while.
-      try_sparse = (sparse_block is not None and active_last is not None
-                    and active_last <= sparse_sgd.capacity(spec) and blocks_done >= sparse_retry_at)
-      states, epoch_metrics, ran_sparse = train.run_block(
-          states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task),
-          dense_block=train_block, sparse_block=sparse_block if try_sparse else None)
-      if try_sparse and not ran_sparse:
-        sparse_retry_at = blocks_done + 10
-      if ran_sparse and not sparse_started:
-        sparse_started = True
-        _log(f"task {task + 1} epoch {block * config.eval_every}: at most {sparse_sgd.capacity(spec)} active "
-             "units per example; continuing with the sparse SGD step (exact, see sdm_jax/sparse.py)")
-      counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
-      counts, epoch_metrics, epochs_done, lam = real(mesh_lib.to_host(
-          (counts, epoch_metrics, states.epoch,
-           models_gaba_mean(states, spec))))
-      dt = time.time() - t0
-      active_last = float(np.max(epoch_metrics.active_per_example[:, -1]))
-      blocks_done += 1
-      session_blocks += 1
-      if session_blocks > 1:  # the first block of a session includes compilation
-        steady_time += dt
-        steady_steps += steps_per_block[task]
-      losses = np.asarray(epoch_metrics.loss)
-      if not np.all(np.isfinite(losses)):
-        bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
-        epoch_in_task = block * config.eval_every + bad_epoch + 1
-        failure = (f"non-finite training loss at task {task + 1}/{num_tasks}, epoch {epoch_in_task} of that "
-                   f"task (seed {seeds[bad_seed]})")
-        raise FloatingPointError(failure)
-      per_task = counts.correct / np.maximum(counts.count, 1)
-      per_task_il = counts.correct_task_masked / np.maximum(counts.count, 1)
-      full = counts.correct.sum(-1) / counts.count.sum(-1)
-      seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
-      epoch_in_task = (block + 1) * config.eval_every
-      for i, seed in enumerate(seeds):
-        row = dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(losses[i, -1]),
-                   train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
-                   seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
-                   active_per_example=float(epoch_metrics.active_per_example[i, -1]),
-                   gaba_lambda_mean=float(lam[i]),
-                   **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(num_tasks)})
-        writer.writerow(row)
-        curves.append(row)
-      csv_file.flush()
-      if block == blocks_per_task - 1:
-        acc[:, task] = per_task
-        acc_task_il[:, task] = per_task_il
-        warning = gaba_switch_warning(spec, lam, seeds, task, num_tasks)
-        if warning:
-          _log("WARNING: " + warning)
-          warnings.append(warning)
-        if end_task is not None and task < num_tasks - 1:
-          # Task boundary: importances on the finished task, new anchors (docs/reference_code.md#regularisers).
-          states = end_task(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], np.int32(task))
-      if block == blocks_per_task - 1 or blocks_done % checkpoint_every_blocks == 0:
-        save_checkpoint()
-      rate = steady_steps / steady_time if steady_time else float("nan")
-      remaining = (sum(steps_per_block[task + 1:]) * blocks_per_task
-                   + steps_per_block[task] * (blocks_per_task - block - 1))
-      speed = (f"{rate * num_seeds:.0f} seed-steps/s | ETA {_fmt_duration(remaining / rate)}" if steady_time
-               else "rate and ETA from the next block (this one compiled)")
-      _log(f"task {task + 1}/{num_tasks} epoch {epoch_in_task}/{config.epochs_per_task} | "
-           f"full acc {full.mean():.4f}" + (f" ±{full.std(ddof=1) / math.sqrt(num_seeds):.4f}" if num_seeds > 1 else "")
-           + f" | seen acc {seen.mean():.4f} | loss {losses[:, -1].mean():.4f} | "
-           f"dead {epoch_metrics.dead_fraction[:, -1].mean():.3f} | "
-           f"active/ex {epoch_metrics.active_per_example[:, -1].mean():.1f} | "
-           + ("sparse step | " if ran_sparse else "")
-           + speed)
     status = "finished"
-    final_states = mesh_lib.to_host(mesh_lib.unpad(states, num_seeds, mesh))  # (every process gathers)
+    final_states = mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh))  # (every process gathers)
     if is_main:
-      save_final_state(workdir / "final_state.npz", final_states, seeds, data=identity)
+      save_final_state(workdir / "final_state.npz", final_states, seeds, data=tasks.identity)
   except BaseException as e:
     if status == "running":
-      status = "failed"
-      failure = failure or f"{type(e).__name__}: {e}"
+      status, failure = "failed", (str(e) if isinstance(e, FloatingPointError) else f"{type(e).__name__}: {e}")
     raise
   finally:
-    csv_file.close()
-    results = write_results()
-  _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
-       + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {num_seeds} seeds)" if num_seeds > 1 else "")
-       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
-       + _lossy_note(tasks))
+    writer.close()
+    results = _results(config, spec, tasks, progress, elapsed_before + time.time() - start, status, failure)
+    if is_main:
+      (workdir / "results.json").write_text(json.dumps(results, indent=2))
+  _log_final(results, workdir, tasks)
   return results
 
 
-def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, tasks: dict | None = None,
+def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
+  summary = results["summary"]
+  _log(f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
+       + (f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
+          if summary["num_seeds"] > 1 else "")
+       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+       + _lossy_note(tasks))
+
+
+def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, tasks: continual.Tasks | None = None,
                  start: float | None = None) -> dict:
   """FlyModel: one closed-form pass per task, every seed in one vmapped program.
 
   As the authors' FlyModel/TestingFlyModel.ipynb (paper App. G.2; docs/reference_code.md#flymodel).
-
   `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
   learning rate `optimizer.learning_rate`; epochs, batch size and the
   optimiser do not apply (one pass, no backpropagation). `tasks`: from
-  `build_tasks` (loaded here when None), with the data file's identity
-  (`data_identity`) under "identity", recorded in results.json. `start`: the
-  run's start time (default now), for the wall time.
+  `build_tasks` (loaded here when None), with the data file's identity.
+  `start`: the run's start time (default now), for the wall time.
   """
   start = time.time() if start is None else start
   if tasks is None:
-    tasks = build_tasks(config)
-    tasks["identity"] = data_identity(config)
-  num_tasks = config.num_classes // config.classes_per_task
-  seeds = list(config.seeds)
-  m = config.model
-  _log(f"sdm_jax: {config.dataset} ({tasks['source']}), {num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
+    tasks = build_tasks(config).replace(identity=data_identity(config))
+  seeds, m = list(config.seeds), config.model
+  _log(f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
        f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)")
   run = functools.partial(flymodel.run_split, n_kc=m.neurons, n_response=m.n_response,
                           lr=config.optimizer.learning_rate, num_classes=config.num_classes)
-  data = [tasks[name] for name in ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes",
-                                   "task_classes")]
+  data = [getattr(tasks, name) for name in continual.TASK_ARRAYS]
   keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
   if train.resolve_seed_loop("auto") == "map":  # CPU: one seed after another (see train.resolve_seed_loop)
-    if tasks["seed_axis"]:
+    if tasks.seed_axis:
       over_seeds = lambda keys, *data: jax.lax.map(lambda args: run(*args), (keys, *data))
     else:
       over_seeds = lambda keys, *data: jax.lax.map(lambda key: run(key, *data), keys)
   else:
-    over_seeds = jax.vmap(run, in_axes=(0,) + (0 if tasks["seed_axis"] else None,) * len(data))
+    over_seeds = jax.vmap(run, in_axes=(0,) + (0 if tasks.seed_axis else None,) * len(data))
   acc = np.asarray(jax.jit(over_seeds)(keys, *data))
-  results = _results(config, None, seeds, tasks, acc, None, [], time.time() - start, "finished", None,
-                     num_tasks, 1, num_tasks)
+  progress = continual.Progress(acc, np.zeros_like(acc), blocks_done=tasks.num_tasks)
+  results = _results(config, None, tasks, progress, time.time() - start, "finished", None, blocks_per_task=1)
   (workdir / "results.json").write_text(json.dumps(results, indent=2))
-  _log(f"final full-test accuracy (paper metric): {results['summary']['final_accuracy_mean']:.4f}"
-       + (f" ± {results['summary']['final_accuracy_sem']:.4f} (s.e.m., {len(seeds)} seeds)" if len(seeds) > 1 else "")
-       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
-       + _lossy_note(tasks))
+  _log_final(results, workdir, tasks)
   return results
 
 
@@ -731,72 +661,22 @@ def load_final_state(path) -> tuple[np.ndarray, dict, np.ndarray]:
     return f["seeds"], params, f["gaba_counts"]
 
 
-def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
-  """A line for the log and results.json when task `task` ends with the GABA switch incomplete.
-
-  `lam_mean`: each seed's mean lambda (Eq. 8) over neurons. Below
-  `GABA_INCOMPLETE_LAMBDA` the model is still closer to a dense ReLU network
-  than to Top-K: T (an absolute firing count) is too large for this data.
-  """
-  if spec.k_schedule != "gaba":
-    return None
-  lam_mean = np.asarray(lam_mean)
-  if lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
-    return None
-  worst = int(np.argmin(lam_mean))
-  return (f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
-          f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; Eq. 8) with T = "
-          f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
-          "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
-          "or lower model.gaba_switch_activations")
-
-
-def models_gaba_mean(states: train.TrainState, spec: models.ModelSpec):
-  """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
-  if spec.k_schedule != "gaba":
-    return jnp.ones(states.gaba_counts.shape[0])
-  return layers.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
-
-
-def _results(config, spec, seeds, tasks, acc, acc_task_il, curves, wall, status, failure, blocks_done,
-             blocks_per_task, num_tasks) -> dict:
-  finished_tasks = blocks_done // blocks_per_task
-  per_seed = []
-  for i, seed in enumerate(seeds):
-    matrix = acc[i, :finished_tasks].tolist()
-    entry = dict(seed=seed, class_order=tasks["orders"][i if tasks["seed_axis"] else 0],
-                 acc_matrix=matrix, curves=[c for c in curves if c["seed"] == seed])
-    if acc_task_il is not None:  # (the FlyModel has no task-incremental twin)
-      entry["acc_matrix_task_incremental"] = acc_task_il[i, :finished_tasks].tolist()
-    if finished_tasks == num_tasks:
-      entry.update(metrics.summarize(acc[i], None if acc_task_il is None else acc_task_il[i],
-                                     test_sizes=_test_sizes(tasks, i)))
-    last = entry["curves"][-1] if entry["curves"] else None
-    entry["dead_fraction"] = last["dead_fraction"] if last else None
-    per_seed.append(entry)
-  finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
-  summary = dict(final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
-                 final_accuracy_sem=float(np.std(finals, ddof=1) / np.sqrt(len(finals))) if len(finals) > 1 else 0.0,
-                 num_seeds=len(seeds))
+def _results(config, spec, tasks: continual.Tasks, progress: continual.Progress, wall: float, status: str,
+             failure: str | None, *, blocks_per_task: int | None = None) -> dict:
+  """results.json: the run (status, wall time, machine, data, model) and `continual.summarize`."""
+  blocks_per_task = blocks_per_task or schedule_of(config).blocks_per_task
+  summary = continual.summarize(progress, tasks, list(config.seeds), blocks_per_task, task_incremental=spec is not None)
   return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
-              epochs_per_task=config.epochs_per_task, tasks_finished=finished_tasks,
-              dataset=dict(name=config.dataset, source=tasks["source"], lossy=tasks.get("lossy", False),
-                           identity=tasks.get("identity")),
+              epochs_per_task=config.epochs_per_task, tasks_finished=summary["tasks_finished"],
+              dataset=dict(name=config.dataset, source=tasks.source, lossy=tasks.lossy, identity=tasks.identity),
               pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
               model=dict(kind=config.model.kind, neurons=config.model.neurons,
                          k=spec.k if spec else None, k_schedule=spec.k_schedule if spec else None,
                          n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
                          regularizer=config.regularizer.method if config.get("regularizer") else "none"),
-              summary=summary, per_seed=per_seed)
-
-
-def _test_sizes(tasks, i):
-  sizes = np.asarray(tasks["test_sizes"])
-  return sizes[i] if tasks["seed_axis"] else sizes
+              summary=summary["summary"], per_seed=summary["per_seed"], warnings=summary["warnings"])
 
 
 def _machine() -> str:
-  import os
-  import platform
   return (f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
           f"jax {jax.__version__} ({jax.default_backend()})")

@@ -22,6 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def sem(values) -> float:
+  """Standard error of the mean over seeds (ddof = 1); 0 for a single value."""
+  values = np.asarray(values, dtype=float)
+  return float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
+
+
 def final_accuracy(acc: np.ndarray, test_sizes=None) -> float:
   last = np.asarray(acc, dtype=float)[-1]
   weights = np.ones_like(last) if test_sizes is None else np.asarray(test_sizes, dtype=float)

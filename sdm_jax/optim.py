@@ -18,12 +18,14 @@ unconstrained parameter.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Callable
 
 import jax
 import optax
 
-from sdm_jax import lazy
+from sdm_jax import lazy, models
 
 OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
 
@@ -90,3 +92,11 @@ def make_optimizer(name: str, learning_rate: float, *, clip_norm: float | None =
   if projection is not None:
     parts.append(project_after_update(projection))
   return optax.chain(*parts)
+
+
+def for_model(spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options) -> optax.GradientTransformation:
+  """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
+  addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
+  momentum, weight_decay."""
+  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  return make_optimizer(name, learning_rate, projection=projection, **options)

@@ -350,6 +350,40 @@ def run_block(states: TrainState, *data, dense_block, sparse_block=None):
   return (*dense_block(backup, *data), False)
 
 
+class SparseSchedule(NamedTuple):
+  """When `run_block_scheduled` tries the sparse step (host-side bookkeeping, saved in checkpoints).
+
+  started: the sparse step has run exactly at least once; active_last: the
+  most active units per example in the last block's last epoch (None before
+  the first block); retry_at: the block index before which no try is made
+  (after a try that was not exact, `SPARSE_RETRY_BLOCKS` blocks later).
+  """
+
+  started: bool = False
+  active_last: float | None = None
+  retry_at: int = 0
+
+
+SPARSE_RETRY_BLOCKS = 10
+
+
+def run_block_scheduled(states: TrainState, *data, dense_block, sparse_block=None, capacity: int = 0,
+                        schedule: SparseSchedule = SparseSchedule(), block_index: int = 0):
+  """`run_block`, trying the sparse step once the last block showed at most `capacity` active units
+  per example (the GABA switch nearly done); a try that was not exact backs off for a while.
+
+  Returns (states, metrics, ran_sparse, schedule); the caller records the new
+  block's active count with `schedule._replace(active_last=...)` once the
+  metrics are on the host (with several processes they are gathered first).
+  """
+  try_sparse = (sparse_block is not None and schedule.active_last is not None
+                and schedule.active_last <= capacity and block_index >= schedule.retry_at)
+  states, metrics, ran_sparse = run_block(states, *data, dense_block=dense_block,
+                                          sparse_block=sparse_block if try_sparse else None)
+  retry_at = block_index + SPARSE_RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
+  return states, metrics, ran_sparse, schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at)
+
+
 def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: models.ModelSpec,
              regularizer: regularizers.RegularizerSpec) -> TrainState:
   """The task boundary: importances on the just-finished task `task`, new anchors.

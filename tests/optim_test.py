@@ -219,3 +219,19 @@ def test_lazy_optimizers_in_the_chain_leave_silent_neurons_alone(name):
   np.testing.assert_allclose(new["hidden"]["kernel"][:, 2], params["hidden"]["kernel"][:, 2], atol=1e-7)
   np.testing.assert_array_equal(new["output"]["kernel"][2], params["output"]["kernel"][2])
   assert not np.allclose(new["output"]["kernel"][0], params["output"]["kernel"][0])
+
+
+def test_for_model_adds_the_projection_exactly_when_the_model_needs_it():
+  import jax
+  from sdm_jax import models
+  sdm = models.sdmlp(6, 5, 3, k=2)
+  relu = models.relu_mlp(6, 5, 3)
+  for spec, constrained in ((sdm, True), (relu, False)):
+    params = models.init_params(jax.random.PRNGKey(0), spec)
+    tx = optim.for_model(spec, "sgd", 10.0, clip_norm=None)  # a large step leaves the constraint set
+    grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    hidden = np.asarray(new["hidden"]["kernel"])
+    projected = bool((hidden >= 0).all()) and np.allclose(np.linalg.norm(hidden, axis=0), 1.0, atol=1e-5)
+    assert projected == constrained

@@ -202,3 +202,31 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
       regularizers.RegularizerSpec(method=method, strength=strength, **options))
   assert plain_first < 0.5 < plain_second  # without a regulariser task 0 is overwritten
   assert kept_first > plain_first + 0.2, (kept_first, plain_first)
+
+
+def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
+  """`run_block_scheduled`: no try before the active count is known or while it is above capacity;
+  a try that was not exact (the sparse block reports sparse_fraction < 1) retries 10 blocks later."""
+  calls = []
+
+  def block(kind, exact):
+    def run(states, *data):
+      calls.append(kind)
+      return states, train.EpochMetrics(*(jnp.zeros((1, 1)),) * 4, jnp.full((1, 1), 1.0 if exact else 0.5))
+    return run
+
+  states = {"w": jnp.zeros(2)}
+  schedule = train.SparseSchedule()
+  for active, exact, expect in [(None, True, "dense"), (50.0, True, "dense"), (10.0, False, "sparse"),
+                                (10.0, True, "dense")]:
+    schedule = schedule._replace(active_last=active)
+    calls.clear()
+    _, _, ran_sparse, schedule = train.run_block_scheduled(states, dense_block=block("dense", True),
+                                                           sparse_block=block("sparse", exact), capacity=10,
+                                                           schedule=schedule, block_index=3)
+    assert calls[0] == expect and ran_sparse == (expect == "sparse" and exact)
+  assert schedule.retry_at == 13 and not schedule.started  # the miss at block 3: retry from block 13
+  _, _, ran_sparse, schedule = train.run_block_scheduled(states, dense_block=block("dense", True),
+                                                         sparse_block=block("sparse", True), capacity=10,
+                                                         schedule=schedule, block_index=13)
+  assert ran_sparse and schedule.started

@@ -1,0 +1,407 @@
+"""The class-incremental protocol on arrays: tasks, the loop over evaluation blocks, results.
+
+No config and no files here. Two drivers use `run`: `experiment.train_and_evaluate`
+(a config in, a workdir out: checkpoints, CSV, TensorBoard, results.json) and
+`fit` (your own arrays in, the results dict out).
+
+Synopsis::
+
+    from sdm_jax import continual
+    results = continual.fit(x, y, test_x=x_test, test_y=y_test, model="sdmlp", classes_per_task=2,
+                            epochs_per_task=50, batch_size=32, seeds=(0, 1, 2))
+    results["summary"]["final_accuracy_mean"]      # accuracy on every test class after the last task
+    results["per_seed"][0]["acc_matrix"]           # [after task i][on task j]
+
+    # or the pieces, as the drivers use them:
+    tasks = continual.split_tasks(dataset, orders=[range(10)], classes_per_task=2)
+    engine = continual.make_engine(spec, tx, schedule, seed_axis=tasks.seed_axis)
+    progress = continual.Progress.start(num_seeds=1, num_tasks=tasks.num_tasks)
+    for states, block in continual.run(engine, states, tasks, schedule, seeds, progress):
+      ...   # log, write, checkpoint (states, progress.to_json())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sdm_jax import data as data_lib
+from sdm_jax import layers, metric_writers, metrics, models, optim, regularizers, sparse, train
+
+# The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
+CURVE_FIELDS = ("seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy", "dead_fraction",
+                "active_per_example", "gaba_lambda_mean")
+TASK_ARRAYS = ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes", "task_classes")
+# A task whose switch has not got this far (mean lambda of the GABA switch over neurons, paper
+# App. B.3; -1 none switched, 1 all) is reported: the authors' Split MNIST schedule ends task 1 at
+# 0.72-0.76 (experiments/results/split_mnist_full).
+GABA_INCOMPLETE_LAMBDA = 0.5
+# T as a fraction of the schedule when `fit` is not told: the authors' T = 5M is 395 of their
+# 500 epochs on Split MNIST's first task (12,665 examples).
+GABA_SWITCH_FRACTION = 395 / 500
+
+
+@dataclasses.dataclass(frozen=True)
+class Tasks:
+  """Every task's padded train and test split, on the device.
+
+  Arrays are [T, ...] (all seeds share them) or [S, T, ...] when `seed_axis`
+  (each seed its own class order): x [.., N, F] (uint8 pixels or float32
+  features), y int32, sizes int32 (the real examples of each padded task),
+  task_classes int32 [.., T, C]. `orders`: each seed's class order (one
+  entry when the seeds share it); `source`, `lossy`, `identity`: where the
+  data came from, for the results.
+  """
+
+  train_x: Any
+  train_y: Any
+  train_sizes: Any
+  test_x: Any
+  test_y: Any
+  test_sizes: Any
+  task_classes: Any
+  seed_axis: bool
+  orders: tuple
+  source: str = ""
+  lossy: bool = False
+  identity: dict | None = None
+
+  @property
+  def num_tasks(self) -> int:
+    return int(self.task_classes.shape[-2])
+
+  def replace(self, **changes) -> "Tasks":
+    return dataclasses.replace(self, **changes)
+
+  def order_of(self, seed_index: int) -> list[int]:
+    return list(self.orders[seed_index if self.seed_axis else 0])
+
+  def test_sizes_of(self, seed_index: int) -> np.ndarray:
+    sizes = np.asarray(self.test_sizes)
+    return sizes[seed_index] if self.seed_axis else sizes
+
+
+def _split_one(dataset: dict, order, classes_per_task: int) -> dict:
+  classes = data_lib.task_classes(np.asarray(order), classes_per_task)
+  flat = lambda a: a.reshape(a.shape[0], a.shape[1], -1)
+  out = {}
+  for split in ("train", "test"):
+    x, y, sizes = data_lib.pad_tasks(
+        data_lib.split_by_task(dataset[f"{split}_images"], dataset[f"{split}_labels"], classes))
+    out.update({f"{split}_x": flat(x), f"{split}_y": y.astype(np.int32), f"{split}_sizes": sizes})
+  out["task_classes"] = classes.astype(np.int32)
+  return out
+
+
+def _stack_padded(per_order: list[dict]) -> dict:
+  """Pads every order's tasks to the same length, then stacks them on a leading seed axis."""
+  stacked = {}
+  for name in per_order[0]:
+    arrays = [d[name] for d in per_order]
+    if arrays[0].ndim >= 2 and name != "task_classes":
+      longest = max(a.shape[1] for a in arrays)
+      arrays = [np.pad(a, [(0, 0), (0, longest - a.shape[1])] + [(0, 0)] * (a.ndim - 2)) for a in arrays]
+    stacked[name] = np.stack(arrays)
+  return stacked
+
+
+def split_tasks(dataset: dict, orders: Sequence[Sequence[int]], classes_per_task: int, *,
+                seed_axis: bool | None = None) -> Tasks:
+  """Splits a dataset (the dict of `data.load_dataset`: train/test images and labels) into tasks.
+
+  `orders`: one class order per seed; consecutive `classes_per_task` classes
+  of an order form a task. `seed_axis`: give the arrays a leading seed axis
+  (default: when the orders differ).
+  """
+  orders = tuple(tuple(int(c) for c in order) for order in orders)
+  if seed_axis is None:
+    seed_axis = len(set(orders)) > 1
+  per_order = [_split_one(dataset, order, classes_per_task) for order in (orders if seed_axis else orders[:1])]
+  arrays = _stack_padded(per_order) if seed_axis else per_order[0]
+  return Tasks(**{name: jnp.asarray(arrays[name]) for name in TASK_ARRAYS}, seed_axis=seed_axis, orders=orders,
+               source=dataset.get("source", ""), lossy=bool(dataset.get("lossy", False)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Epochs per task, evaluation every `eval_every` epochs (a divisor), the minibatch size."""
+
+  epochs_per_task: int
+  eval_every: int
+  batch_size: int
+
+  @property
+  def blocks_per_task(self) -> int:
+    return self.epochs_per_task // self.eval_every
+
+  def steps_per_block(self, tasks: Tasks) -> list[int]:
+    """Optimiser steps per seed in one block of each task (the largest over the seeds' orders)."""
+    sizes = np.asarray(tasks.train_sizes).reshape(-1, tasks.num_tasks)
+    return [int(np.ceil(sizes[:, t] / self.batch_size).max()) * self.eval_every for t in range(tasks.num_tasks)]
+
+
+class Engine(NamedTuple):
+  """The compiled pieces of a run (`make_engine`): one block of epochs (dense, and sparse where it
+  can be exact), the task boundary of a regulariser, and the evaluation on every task."""
+
+  spec: models.ModelSpec
+  train_block: Callable
+  sparse_block: Callable | None
+  sparse_capacity: int
+  end_task: Callable | None
+  evaluate: Callable
+
+
+def make_engine(spec: models.ModelSpec, tx: optax.GradientTransformation, schedule: Schedule, *, seed_axis: bool,
+                regularizer: regularizers.RegularizerSpec | None = None, sparse_sgd: sparse.SparseSGD | None = None,
+                mesh=None) -> Engine:
+  """Builds (lazily compiles) the run's programs; `sparse_sgd` None: the dense step only."""
+  block = functools.partial(train.make_train_block, spec=spec, tx=tx, batch_size=schedule.batch_size,
+                            epochs=schedule.eval_every, seed_axis_data=seed_axis, mesh=mesh)
+  end_task = None
+  if regularizer is not None:
+    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=seed_axis, mesh=mesh)
+  return Engine(spec=spec, train_block=block(regularizer=regularizer),
+                sparse_block=block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
+                sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
+                end_task=end_task, evaluate=train.make_evaluate(spec=spec, seed_axis_data=seed_axis, mesh=mesh))
+
+
+@dataclasses.dataclass
+class Progress:
+  """What the loop has done, beyond the states: everything a checkpoint needs to continue exactly.
+
+  acc / acc_task_il: [S, T, T] accuracy after task i on task j (class-incremental; logits masked to
+  the task's classes); curves: one row per seed per evaluation; warnings: lines for the results.
+  """
+
+  acc: np.ndarray
+  acc_task_il: np.ndarray
+  blocks_done: int = 0
+  curves: list = dataclasses.field(default_factory=list)
+  sparse: train.SparseSchedule = train.SparseSchedule()
+  warnings: list = dataclasses.field(default_factory=list)
+
+  @classmethod
+  def start(cls, num_seeds: int, num_tasks: int) -> "Progress":
+    return cls(np.zeros((num_seeds, num_tasks, num_tasks)), np.zeros((num_seeds, num_tasks, num_tasks)))
+
+  def to_json(self) -> dict:
+    return dict(blocks_done=self.blocks_done, acc=self.acc.tolist(), acc_task_il=self.acc_task_il.tolist(),
+                curves=self.curves, sparse_started=self.sparse.started, active_last=self.sparse.active_last,
+                sparse_retry_at=self.sparse.retry_at, warnings=self.warnings)
+
+  @classmethod
+  def from_json(cls, saved: dict) -> "Progress":
+    return cls(np.asarray(saved["acc"], float), np.asarray(saved["acc_task_il"], float), saved["blocks_done"],
+               list(saved["curves"]), train.SparseSchedule(saved["sparse_started"], saved["active_last"],
+                                                           saved["sparse_retry_at"]),
+               list(saved.get("warnings", [])))
+
+  def tasks_finished(self, blocks_per_task: int) -> int:
+    return self.blocks_done // blocks_per_task
+
+
+class Block(NamedTuple):
+  """What `run` reports after each evaluation block (per-seed arrays have the real seeds only)."""
+
+  task: int  # counted from 0
+  epoch_in_task: int
+  task_end: bool
+  rows: list  # this block's curve rows, one per seed (also appended to progress.curves)
+  full: np.ndarray  # accuracy on the whole test set, per seed
+  seen: np.ndarray  # on the tasks seen so far
+  loss: np.ndarray  # last epoch's training loss
+  ran_sparse: bool
+  first_sparse: bool  # the run's first block on the sparse step
+  warning: str | None
+  steps: int  # optimiser steps per seed in this block
+
+
+def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
+  """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
+  if spec.k_schedule != "gaba":
+    return jnp.ones(states.gaba_counts.shape[0])
+  return layers.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
+
+
+def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
+  """A line for the log and the results when task `task` ends with the GABA switch incomplete.
+
+  `lam_mean`: each seed's mean lambda over neurons. Below `GABA_INCOMPLETE_LAMBDA`
+  the model is still closer to a dense ReLU network than to Top-K: T (a count of
+  firings) is too large for this much data.
+  """
+  lam_mean = np.asarray(lam_mean)
+  if spec.k_schedule != "gaba" or lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
+    return None
+  worst = int(np.argmin(lam_mean))
+  return (f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
+          f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3) with T = "
+          f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
+          "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
+          "or lower model.gaba_switch_activations")
+
+
+def _check_finite(losses: np.ndarray, seeds, task: int, num_tasks: int, first_epoch: int) -> None:
+  if np.all(np.isfinite(losses)):
+    return
+  bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
+  raise FloatingPointError(f"non-finite training loss at task {task + 1}/{num_tasks}, epoch "
+                           f"{first_epoch + bad_epoch + 1} of that task (seed {seeds[bad_seed]})")
+
+
+def _rows(seeds, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The curve rows of one evaluation (one per seed), and the full and seen-task accuracies."""
+  per_task = counts.correct / np.maximum(counts.count, 1)
+  full = counts.correct.sum(-1) / counts.count.sum(-1)
+  seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
+  rows = [dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(epoch_metrics.loss[i, -1]),
+               train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
+               seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
+               active_per_example=float(epoch_metrics.active_per_example[i, -1]), gaba_lambda_mean=float(lam[i]),
+               **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(per_task.shape[1])})
+          for i, seed in enumerate(seeds)]
+  return rows, full, seen
+
+
+def run(engine: Engine, states: train.TrainState, tasks: Tasks, schedule: Schedule, seeds: Sequence[int],
+        progress: Progress, *, to_host: Callable = jax.device_get) -> Iterator[tuple[train.TrainState, Block]]:
+  """Trains task after task from `progress.blocks_done`, yielding (states, block) after each evaluation block.
+
+  `progress` is updated in place before each yield, so (states, progress) may be
+  checkpointed there. `states` may carry padding seeds beyond `seeds` (a device
+  mesh); `to_host` gathers device values (`mesh.to_host` with several processes).
+  Raises FloatingPointError naming the task, epoch and seed of a non-finite loss.
+  """
+  num_tasks, per_task = tasks.num_tasks, schedule.blocks_per_task
+  real = lambda tree: jax.tree.map(lambda a: a[:len(seeds)], tree)
+  steps = schedule.steps_per_block(tasks)
+  for task, block in [divmod(b, per_task) for b in range(progress.blocks_done, per_task * num_tasks)]:
+    train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
+    states, epoch_metrics, ran_sparse, sparse_schedule = train.run_block_scheduled(
+        states, *train_data, dense_block=engine.train_block, sparse_block=engine.sparse_block,
+        capacity=engine.sparse_capacity, schedule=progress.sparse, block_index=progress.blocks_done)
+    counts = engine.evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
+    counts, epoch_metrics, epochs_done, lam = real(to_host((counts, epoch_metrics, states.epoch,
+                                                            gaba_mean(states, engine.spec))))
+    first_sparse = ran_sparse and not progress.sparse.started
+    progress.sparse = sparse_schedule._replace(active_last=float(np.max(epoch_metrics.active_per_example[:, -1])))
+    progress.blocks_done += 1
+    _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
+    rows, full, seen = _rows(seeds, task, counts, epoch_metrics, epochs_done, lam)
+    progress.curves += rows
+    task_end, warning = block == per_task - 1, None
+    if task_end:
+      progress.acc[:, task] = counts.correct / np.maximum(counts.count, 1)
+      progress.acc_task_il[:, task] = counts.correct_task_masked / np.maximum(counts.count, 1)
+      warning = gaba_switch_warning(engine.spec, lam, seeds, task, num_tasks)
+      if warning:
+        progress.warnings.append(warning)
+      if engine.end_task is not None and task < num_tasks - 1:
+        # Task boundary: importances on the finished task, new anchors (docs/reference_code.md#regularisers).
+        states = engine.end_task(states, *train_data)
+    yield states, Block(task, (block + 1) * schedule.eval_every, task_end, rows, full, seen,
+                        np.asarray(epoch_metrics.loss[:, -1]), ran_sparse, first_sparse, warning, steps[task])
+
+
+def summarize(progress: Progress, tasks: Tasks, seeds: Sequence[int], blocks_per_task: int, *,
+              task_incremental: bool = True) -> dict:
+  """The results of the seeds: per seed the accuracy matrices, curves and (once every task is done)
+  the paper's metrics (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy."""
+  finished = progress.tasks_finished(blocks_per_task)
+  per_seed = []
+  for i, seed in enumerate(seeds):
+    entry = dict(seed=seed, class_order=tasks.order_of(i), acc_matrix=progress.acc[i, :finished].tolist(),
+                 curves=[c for c in progress.curves if c["seed"] == seed])
+    if task_incremental:
+      entry["acc_matrix_task_incremental"] = progress.acc_task_il[i, :finished].tolist()
+    if finished == tasks.num_tasks:
+      entry.update(metrics.summarize(progress.acc[i], progress.acc_task_il[i] if task_incremental else None,
+                                     test_sizes=tasks.test_sizes_of(i)))
+    entry["dead_fraction"] = entry["curves"][-1]["dead_fraction"] if entry["curves"] else None
+    per_seed.append(entry)
+  finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
+  summary = dict(final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
+                 final_accuracy_sem=metrics.sem(finals), num_seeds=len(seeds))
+  return dict(tasks_finished=finished, summary=summary, per_seed=per_seed, warnings=list(progress.warnings))
+
+
+def _model_spec(model, input_size: int, num_classes: int, neurons: int, k: int, gaba_t: float):
+  if isinstance(model, models.ModelSpec):
+    return model
+  if model == "sdmlp":
+    return models.sdmlp(input_size, neurons, num_classes, k=k, gaba_switch_activations=gaba_t)
+  if model == "relu":
+    return models.relu_mlp(input_size, neurons, num_classes)
+  if model == "topk":
+    return models.topk_mlp(input_size, neurons, num_classes, k=k)
+  raise ValueError(f"model must be a models.ModelSpec or one of 'sdmlp', 'relu', 'topk', got {model!r}")
+
+
+def fit(x, y, *, test_x=None, test_y=None, classes_per_task: int = 2, class_order: Sequence[int] | None = None,
+        model: models.ModelSpec | str = "sdmlp", neurons: int = 1000, k: int = 10,
+        gaba_switch_epochs: float | None = None, regularizer: regularizers.RegularizerSpec | None = None,
+        optimizer: str = "sgd", learning_rate: float = 0.05, clip_norm: float | None = 1.0,
+        epochs_per_task: int = 50, eval_every: int | None = None, batch_size: int = 128,
+        seeds: Sequence[int] = (0,), workdir: str | None = None) -> dict:
+  """Your own arrays through the class-incremental protocol; returns the results (as `summarize`).
+
+  x: [N, ...] features or uint8 pixels (uint8 is scaled by 1/255, as MNIST); y: [N] integer
+  labels 0..C-1. Without a test split the training data is evaluated on (say so when you report).
+  Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
+  "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
+  `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
+  task's training examples. The optimiser gets the SDM projection when the model needs it
+  (`optim.for_model`); `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
+  Seeds are one compiled program. `workdir`: also write results.json, metrics.csv and TensorBoard
+  event files there, as a configured run does (for checkpoints and resuming, save the arrays with
+  `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`).
+  """
+  x, y = np.asarray(x), np.asarray(y)
+  if x.shape[0] != y.shape[0] or y.ndim != 1:
+    raise ValueError(f"x and y must hold the same examples, y one label each: x {x.shape}, y {y.shape}")
+  test_x, test_y = (x, y) if test_x is None else (np.asarray(test_x), np.asarray(test_y))
+  num_classes = int(max(y.max(), test_y.max())) + 1
+  order = list(range(num_classes)) if class_order is None else list(class_order)
+  dataset = dict(train_images=x, train_labels=y, test_images=test_x, test_labels=test_y, source="arrays")
+  tasks = split_tasks(dataset, [order] * len(seeds), classes_per_task, seed_axis=False)
+  schedule = Schedule(epochs_per_task, eval_every or epochs_per_task, batch_size)
+  smallest = int(np.asarray(tasks.train_sizes).min())
+  if batch_size > smallest:
+    raise ValueError(f"batch_size {batch_size} is larger than the smallest task ({smallest} training examples)")
+  first_task = int(np.asarray(tasks.train_sizes)[0])
+  switch = GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
+  spec = _model_spec(model, int(np.prod(x.shape[1:])), num_classes, neurons, k, float(switch * first_task))
+  tx = optim.for_model(spec, optimizer, learning_rate, clip_norm=clip_norm)
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
+  engine = make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
+  progress = Progress.start(len(seeds), tasks.num_tasks)
+  writer = curve_writers(workdir, tasks.num_tasks)
+  for states, block in run(engine, states, tasks, schedule, list(seeds), progress):
+    writer.write_rows(block.rows)
+  writer.close()
+  results = summarize(progress, tasks, list(seeds), schedule.blocks_per_task)
+  if workdir is not None:
+    (pathlib.Path(workdir) / "results.json").write_text(json.dumps(results, indent=2))
+  return results
+
+
+def curve_writers(workdir, num_tasks: int, earlier_rows=()) -> metric_writers.MultiWriter:
+  """The curves' writers in `workdir` (none for None): metrics.csv, rewritten with `earlier_rows`
+  first (a resumed run's), and TensorBoard event files in workdir/tensorboard (new rows only)."""
+  if workdir is None:
+    return metric_writers.MultiWriter([])
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  fields = list(CURVE_FIELDS) + [f"accuracy_task{j}" for j in range(num_tasks)]
+  return metric_writers.MultiWriter([metric_writers.CsvWriter(workdir / "metrics.csv", fields, earlier_rows),
+                                     metric_writers.TensorBoardWriter(workdir / "tensorboard")])

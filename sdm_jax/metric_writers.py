@@ -1,0 +1,80 @@
+"""Where a run's curves go: a CSV file and TensorBoard event files, behind one small interface.
+
+Modelled on CLU's `metric_writers` (`write_scalars`, `flush`, `close`, a
+`MultiWriter`), whose own writers import TensorFlow; these need only the csv
+module and tensorboardX, whose event files TensorBoard reads
+(`tensorboard --logdir WORKDIR/tensorboard`).
+
+Synopsis::
+
+    writer = metric_writers.MultiWriter([
+        metric_writers.CsvWriter(workdir / "metrics.csv", fields),
+        metric_writers.TensorBoardWriter(workdir / "tensorboard")])
+    writer.write_rows(rows)        # dicts with "seed" and "epoch", one per seed per evaluation
+    writer.close()
+"""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+from typing import Iterable, Sequence
+
+# Row fields that label a row rather than measure something.
+LABELS = ("seed", "task", "epoch")
+
+
+class CsvWriter:
+  """One CSV row per seed per evaluation; a resumed run rewrites the file with the earlier rows first."""
+
+  def __init__(self, path: str | pathlib.Path, fields: Sequence[str], earlier_rows: Iterable[dict] = ()):
+    self._file = pathlib.Path(path).open("w", newline="")
+    self._writer = csv.DictWriter(self._file, fieldnames=list(fields))
+    self._writer.writeheader()
+    self._writer.writerows(earlier_rows)
+    self._file.flush()
+
+  def write_rows(self, rows: Iterable[dict]) -> None:
+    self._writer.writerows(rows)
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class TensorBoardWriter:
+  """Scalars per seed as `seed_<s>/<field>` at step = the global epoch; one event file per session
+  (a resumed run adds a file with the new evaluations only)."""
+
+  def __init__(self, logdir: str | pathlib.Path):
+    import tensorboardX  # (imported when a run writes: 0.2 s)
+    self._writer = tensorboardX.SummaryWriter(str(logdir))
+
+  def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    for name, value in scalars.items():
+      self._writer.add_scalar(name, value, global_step=step)
+
+  def write_rows(self, rows: Iterable[dict]) -> None:
+    for row in rows:
+      self.write_scalars(int(row["epoch"]), {f"seed_{row['seed']}/{name}": float(value)
+                                             for name, value in row.items() if name not in LABELS})
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class MultiWriter:
+  """Writes to every writer (as CLU's)."""
+
+  def __init__(self, writers: Sequence):
+    self._writers = list(writers)
+
+  def write_rows(self, rows: Iterable[dict]) -> None:
+    rows = list(rows)
+    for writer in self._writers:
+      writer.write_rows(rows)
+
+  def close(self) -> None:
+    for writer in self._writers:
+      writer.close()
