@@ -30,7 +30,7 @@ setuptools.setup(
         # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files.
         "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8",
                  "tensorflow-datasets>=4.9", "importlib_resources", "pillow>=10", "scikit-learn>=1.3",
-                 "tensorboard>=2.16"],
+                 "tensorboard>=2.16", "ruff>=0.6"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         # The JPEG CIFAR-10 stand-in is decoded with Pillow.
         "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],

@@ -30,7 +30,7 @@ import pathlib
 import re
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
@@ -53,10 +53,6 @@ _NOTE = flags.DEFINE_multi_string("note", [], "A line for the report's notes, e.
 DPI = 130
 CLASS_COLORS = plt.get_cmap("tab10")
 PRETTY_KIND = {"sdmlp": "SDMLP", "relu": "ReLU MLP", "topk": "Top-K MLP"}
-
-
-def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -243,7 +239,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   final_epoch = config.epochs_per_task * (num_classes // config.classes_per_task)  # k of a linear schedule
   stats, entropies = [], []
   for i in range(len(seeds)):
-    _log(f"  neurons of seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
+    logging.info(f"  neurons of seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
     s = analysis.neuron_statistics(analysis.seed_params(params, i), x, y, spec=spec, num_classes=num_classes,
                                    gaba_counts=gaba_counts[i], epoch=final_epoch)
     stats.append(s)
@@ -262,9 +258,9 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     if len(kept) < 5:
       out["umap_note"] = f"only {len(kept)} neurons fired more than {analysis.UMAP_MIN_ACTIVATIONS} times"
     else:
-      _log(f"  UMAP (a) fit on {len(kept)} neuron addresses, transform {len(data)} examples")
+      logging.info(f"  UMAP (a) fit on {len(kept)} neuron addresses, transform {len(data)} examples")
       a = analysis.umap_fit_weights(weights, data, seed=seed)
-      _log(f"  UMAP (b) fit on {len(data)} examples, transform {len(kept)} neuron addresses")
+      logging.info(f"  UMAP (b) fit on {len(data)} examples, transform {len(kept)} neuron addresses")
       b = analysis.umap_fit_data(weights, data, seed=seed)
       neuron_class = analysis.max_activating_class(stats[0].max_activation, stats[0].argmax_label)[kept]
       out["umap"] = dict(a=a, b=b, labels=y, neuron_class=neuron_class, kept=kept)
@@ -525,7 +521,7 @@ def analyze(workdirs: list[str], out: str | pathlib.Path | None = None, *, max_e
       notes.append(f"{run['name']}: no final_state.npz in {run['workdir']} (run unfinished, or written before "
                    "final states were saved): activation counts, entropy, UMAP and receptive fields skipped.")
       continue
-    _log(f"{run['name']}: neuron statistics")
+    logging.info(f"{run['name']}: neuron statistics")
     run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap,
                                      num_fields=num_fields)
   measured = [r for r in runs if r.get("neurons")]
@@ -560,7 +556,7 @@ def analyze(workdirs: list[str], out: str | pathlib.Path | None = None, *, max_e
   if not do_umap:
     notes.append("UMAP figures skipped (--no_umap).")
   report = write_report(runs, figures, notes, out, argv or [], max_examples)
-  _log(f"wrote {len(figures)} figures and {report}")
+  logging.info(f"wrote {len(figures)} figures and {report}")
   return report
 
 

@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-import sys
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from sdm_jax import convmixer, data
 from sdm_jax.data import embeddings
-
-
-def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
 
 
 def embedder_dir(path) -> pathlib.Path:
@@ -63,10 +58,10 @@ def embed_dataset(embedder, dataset: str, out=None, *, data_dir=None, batch_size
   wanted = dict(dataset=dataset, dataset_source=ds["source"], embedder_key=key)
   old = embeddings.read_meta(out) if out.is_file() else None
   if old is not None and all(old.get(k) == v for k, v in wanted.items()):
-    _log(f"cached: {out} (embedder key {key[:16]}, {ds['source']})")
+    logging.info(f"cached: {out} (embedder key {key[:16]}, {ds['source']})")
     return out, False
   if old is not None:
-    _log(f"stale: {out} was made by embedder key {str(old.get('embedder_key'))[:16]} from "
+    logging.info(f"stale: {out} was made by embedder key {str(old.get('embedder_key'))[:16]} from "
          f"{old.get('dataset')!r}; recomputing")
   model, variables, meta = train_convmixer.load_embedder(embedder)
   mesh = convmixer.data_mesh(num_devices)
@@ -81,7 +76,7 @@ def embed_dataset(embedder, dataset: str, out=None, *, data_dir=None, batch_size
                 dim=int(result["train"].shape[1]),
                 num_classes=int(ds.get("num_classes", int(ds["train_labels"].max()) + 1)),
                 embedder_dataset=meta.get("dataset"), embedder_test_accuracy=meta.get("test_accuracy")))
-  _log(f"wrote {out}: train {result['train'].shape}, test {result['test'].shape} in "
+  logging.info(f"wrote {out}: train {result['train'].shape}, test {result['test'].shape} in "
        f"{time.perf_counter() - start:.1f}s; embedder key {key[:16]}; data: {ds['source']}")
   return out, True
 

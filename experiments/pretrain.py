@@ -10,21 +10,7 @@ split_cifar checks against its own embeddings. See
 experiments/configs/pretrain.py for the variants and experiments/CIFAR.md.
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
-from sdm_jax import experiment
-
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/pretrain.py:sdmlp",
-                                          "Config file and variant, e.g. file.py:sdmlp,quick.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/pretrain", "Where the pretrained model is written.")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  experiment.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-
+from experiments import cli
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.main("experiments/configs/pretrain.py:sdmlp", "/tmp/sdm_jax/pretrain")

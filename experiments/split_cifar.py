@@ -14,21 +14,7 @@ refused (`pretrained.check_same_embedder`). See experiments/configs/split_cifar.
 for the rows of Tables 1 and 3-6 and experiments/CIFAR.md for results.
 """
 
-from absl import app, flags
-from ml_collections import config_flags
-
-from sdm_jax import experiment
-
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/split_cifar.py:sdmlp",
-                                          "Config file and variant, e.g. file.py:sdmlp_ewc,quick.")
-_WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/split_cifar", "Where results are written.")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  experiment.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-
+from experiments import cli
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.main("experiments/configs/split_cifar.py:sdmlp", "/tmp/sdm_jax/split_cifar")

@@ -10,6 +10,8 @@ import pathlib
 
 import numpy as np
 
+from sdm_jax import metrics
+
 from experiments.configs import ablations as ablation_rows
 from experiments.configs import k_frontier as k_frontier_rows
 
@@ -91,9 +93,7 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
 
 def dead_table(all_results: dict, dead: dict, *, header: str) -> str:
   def fmt(values):
-    values = np.asarray(values, float)
-    sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
-    return f"{values.mean():.3f} ± {sem:.3f}"
+    return f"{np.mean(values):.3f} ± {metrics.sem(values):.3f}"
 
   lines = [header, "", "| row | final accuracy | silent on the last task (training data, last epoch) | "
            "dead on the full test set (all classes) |", "|---|---|---|---|"]
@@ -142,9 +142,7 @@ def k_frontier_configs(ks, *, epochs_per_task: int, seeds) -> dict:
 def k_frontier_summary(all_results: dict, ks) -> list[dict]:
   """Per k: mean and s.e.m. over seeds of NCL accuracy, CL final and first-task accuracy, forgetting, dead."""
   def stats(values):
-    values = np.asarray(values, float)
-    sem = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
-    return float(values.mean()), float(sem)
+    return float(np.mean(values)), metrics.sem(values)
 
   summary = []
   for k in ks:

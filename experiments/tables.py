@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from sdm_jax import checkpoint, experiment
+from sdm_jax import checkpoint, experiment, metrics
 
 
 def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: int, seeds, data_dir: str):
@@ -58,7 +58,7 @@ def _mean_sem(values) -> str:
     return "–"
   if len(values) == 1:
     return f"{values[0]:.3f}"
-  return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) / math.sqrt(len(values)):.3f}"
+  return f"{np.mean(values):.3f} ± {metrics.sem(values):.3f}"
 
 
 def table_row(row: str, config, results: dict) -> str:
@@ -116,7 +116,7 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   rows = list(all_results)
   finals = [[s["final_accuracy"] for s in all_results[row]["per_seed"]] for row in rows]
   means = [np.mean(f) for f in finals]
-  sems = [np.std(f, ddof=1) / math.sqrt(len(f)) if len(f) > 1 else 0.0 for f in finals]
+  sems = [metrics.sem(f) for f in finals]
   y = np.arange(len(rows))
   bars_ax.barh(y, means, xerr=sems, color=[colors[i % 10] for i in range(len(rows))], alpha=0.8, ecolor="0.3")
   papers = [(i, configs[row].get("paper_final_accuracy", -1.0)) for i, row in enumerate(rows)]

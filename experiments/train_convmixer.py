@@ -18,10 +18,9 @@ import functools
 import json
 import pathlib
 import platform
-import sys
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 import ml_collections
 from ml_collections import config_flags
@@ -31,10 +30,6 @@ import orbax.checkpoint as ocp
 from sdm_jax import checkpoint, convmixer, data
 
 EMBEDDER_DIR = "embedder"
-
-
-def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
 
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -117,10 +112,10 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   ds = load_data(c)
   num_classes = int(ds.get("num_classes", int(ds["train_labels"].max()) + 1))
   lossy = bool(ds.get("lossy", False))
-  _log(f"data {c.dataset}: train {ds['train_images'].shape}, test {ds['test_images'].shape}, "
+  logging.info(f"data {c.dataset}: train {ds['train_images'].shape}, test {ds['test_images'].shape}, "
        f"{num_classes} classes, loaded in {time.perf_counter() - start:.1f}s; source: {ds['source']}")
   if lossy:
-    _log("NOTE: LOSSY JPEG stand-in for CIFAR-10: accuracies are near, not equal to, real CIFAR-10 ones")
+    logging.info("NOTE: LOSSY JPEG stand-in for CIFAR-10: accuracies are near, not equal to, real CIFAR-10 ones")
   n_train = len(ds["train_labels"])
   steps_per_epoch = n_train // c.batch_size  # the incomplete last batch is dropped (one compiled shape)
   if steps_per_epoch == 0:
@@ -139,13 +134,13 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   if restored is not None:
     state, progress = restored.states, restored.progress
     for where, moved in zip(restored.unreadable, checkpoint.set_aside(mgr, restored.unreadable)):
-      _log(f"checkpoint {where[0]} could not be restored ({where[1]}); moved to {moved}")
+      logging.info(f"checkpoint {where[0]} could not be restored ({where[1]}); moved to {moved}")
     epoch0, history, prior_wall = progress["epoch"], progress["history"], progress["wall_s"]
-    _log(f"resumed from {mgr.directory}/{epoch0} (epoch {epoch0})")
+    logging.info(f"resumed from {mgr.directory}/{epoch0} (epoch {epoch0})")
   state = convmixer.replicate(state, mesh)
   aug = dict(flip=c.flip, num_ops=c.randaugment_ops, magnitude=c.randaugment_magnitude)
   step_fn = jax.jit(functools.partial(convmixer.train_step, model=model, tx=tx, aug=aug), donate_argnums=0)
-  _log(f"ConvMixer-{c.dim}/{c.depth} k{c.kernel_size} p{c.patch_size}: {n_params:,} params, "
+  logging.info(f"ConvMixer-{c.dim}/{c.depth} k{c.kernel_size} p{c.patch_size}: {n_params:,} params, "
        f"{num_devices} device(s), batch {c.batch_size}, {steps_per_epoch} steps/epoch x {c.epochs} epochs")
   train_start = time.perf_counter()
   for epoch in range(epoch0, c.epochs):
@@ -160,13 +155,13 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
         sums += (m["loss"], m["accuracy"])
         count += 1
         rate = (i + 1) * c.batch_size / (time.perf_counter() - epoch_start)
-        _log(f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
+        logging.info(f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
              f"acc {m['accuracy']:.3f} |g| {m['grad_norm']:.2f} ({rate:.0f} img/s)")
     test_acc = evaluate(model, state, ds["test_images"], ds["test_labels"], mesh, c.eval_batch_size)
     wall = prior_wall + time.perf_counter() - train_start
     history.append(dict(epoch=epoch + 1, train_loss=sums[0] / max(count, 1), train_acc=sums[1] / max(count, 1),
                         test_acc=test_acc, wall_s=wall))
-    _log(f"epoch {epoch + 1}/{c.epochs}: test accuracy {test_acc:.4f}, wall {wall / 60:.1f} min"
+    logging.info(f"epoch {epoch + 1}/{c.epochs}: test accuracy {test_acc:.4f}, wall {wall / 60:.1f} min"
          + (" (LOSSY stand-in)" if lossy else ""))
     checkpoint.save(mgr, epoch + 1, jax.device_get(state), dict(epoch=epoch + 1, history=history, wall_s=wall),
                     config_dict)
@@ -179,7 +174,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
                  devices=num_devices, machine=f"{platform.node()} {platform.machine()}, jax {jax.__version__} "
                  f"({jax.default_backend()})", embedder=str((workdir / EMBEDDER_DIR).absolute()))
   (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-  _log(f"done: test accuracy {final_acc:.4f} after {c.epochs} epochs, {wall / 60:.1f} min training; "
+  logging.info(f"done: test accuracy {final_acc:.4f} after {c.epochs} epochs, {wall / 60:.1f} min training; "
        f"embedder in {workdir / EMBEDDER_DIR}; data: {ds['source']}")
   return results
 

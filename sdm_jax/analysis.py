@@ -52,10 +52,12 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from sdm_jax import metrics
+
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
 COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
 ENTROPY_THRESHOLD = 1e-3  # neuron entropy: activation > 0.001 (the notebook's entropy cell)
-DEAD_ACTIVITY_THRESHOLD = 1e-4  # dead: summed activation < 1e-4; = train.DEAD_ACTIVITY_THRESHOLD
+DEAD_ACTIVITY_THRESHOLD = metrics.DEAD_ACTIVITY_THRESHOLD  # dead: summed activation < 1e-4
 ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (the notebook's entropy cell)
 UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (the notebook)
 

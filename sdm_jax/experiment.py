@@ -29,10 +29,10 @@ import math
 import os
 import pathlib
 import platform
-import sys
 import time
 from typing import Any
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -392,10 +392,6 @@ def _fmt_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
-
-
 def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path, is_main: bool) -> None:
   workdir.mkdir(parents=True, exist_ok=True)
   if is_main:
@@ -414,7 +410,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   if pre is not None:
     note = pretrained.check_same_embedder(pre, identity)
     if note:
-      _log(note)
+      logging.warning(note)
   tasks = build_tasks(config).replace(identity=identity)
   config = check_against_data(config, tasks)
   check_workdir(config, workdir)
@@ -446,14 +442,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return run_flymodel(config, workdir, tasks=tasks, start=start_time)
   spec = model_spec(config)
   if config.model.get("gaba_switch_epochs", 0.0) > 0:
-    _log(f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
+    logging.info(f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
          f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)")
   tx, regularizer = make_tx(config, spec), regularizer_spec(config)
   states = train.init_states(np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer,
                              num_tasks=tasks.num_tasks)
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
-    _log(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
+    logging.info(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
   # Device mesh (sdm_jax/mesh.py): seeds padded to a multiple of its seed axis and split over it;
   # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
   mesh = mesh_lib.from_config(config)
@@ -475,7 +471,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress, elapsed_before = continual.Progress.start(len(config.seeds), tasks.num_tasks), 0.0
   if restored is not None:
     if note:
-      _log(note)
+      logging.warning(note)
     states, progress, elapsed_before = _resume(restored, checkpoints, mesh, tasks, config)
   return _train(config, workdir, engine, states, tasks, progress, checkpoints=checkpoints, mesh=mesh,
                 elapsed_before=elapsed_before, is_main=is_main)
@@ -486,12 +482,12 @@ def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.T
   unreadable newer checkpoints are set aside, each with one line in the log."""
   where = pathlib.Path(checkpoints.directory) / str(restored.step)
   for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
-    _log(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
+    logging.warning(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
          f"the unreadable one is kept in {moved}")
   progress = continual.Progress.from_json(restored.progress)
   total = schedule_of(config).blocks_per_task * tasks.num_tasks
   elapsed = restored.progress["elapsed_s"]
-  _log(f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
+  logging.info(f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
        f"({_fmt_duration(elapsed)} of training so far)")
   return mesh_lib.pad(restored.states, mesh), progress, elapsed
 
@@ -547,7 +543,7 @@ def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, task
                     _config_json(config))
 
   spec = engine.spec
-  _log(f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
+  logging.info(f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
        f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
        f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
        f"backend {jax.default_backend()}")
@@ -557,14 +553,14 @@ def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, task
       speed.update(time.time() - t0, block.task)
       writer.write_rows(block.rows)
       if block.first_sparse:
-        _log(f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
+        logging.info(f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
              f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
              "(exact, see sdm_jax/sparse.py)")
       if block.warning:
-        _log("WARNING: " + block.warning)
+        logging.warning(block.warning)
       if block.task_end or progress.blocks_done % checkpoint_every == 0:
         save(states)
-      _log(_progress_line(block, progress, config, speed))
+      logging.info(_progress_line(block, progress, config, speed))
       t0 = time.time()
     status = "finished"
     final_states = mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh))  # (every process gathers)
@@ -585,7 +581,7 @@ def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, task
 
 def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
   summary = results["summary"]
-  _log(f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
+  logging.info(f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
        + (f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
           if summary["num_seeds"] > 1 else "")
        + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
@@ -607,7 +603,7 @@ def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, ta
   if tasks is None:
     tasks = build_tasks(config).replace(identity=data_identity(config))
   seeds, m = list(config.seeds), config.model
-  _log(f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
+  logging.info(f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
        f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)")
   run = functools.partial(flymodel.run_split, n_kc=m.neurons, n_response=m.n_response,
                           lr=config.optimizer.learning_rate, num_classes=config.num_classes)

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# A neuron is dead on a set of inputs when its summed activation over them is below this
+# (docs/reference_code.md#dead-neurons); shared by training metrics and the analyses.
+DEAD_ACTIVITY_THRESHOLD = 1e-4
+
 
 def sem(values) -> float:
   """Standard error of the mean over seeds (ddof = 1); 0 for a single value."""

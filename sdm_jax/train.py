@@ -29,6 +29,7 @@ import optax
 
 from sdm_jax import mesh as mesh_lib
 from sdm_jax import models, regularizers, sparse
+from sdm_jax.metrics import DEAD_ACTIVITY_THRESHOLD  # (re-exported: train.DEAD_ACTIVITY_THRESHOLD)
 
 
 @flax.struct.dataclass
@@ -66,7 +67,6 @@ class EpochMetrics(NamedTuple):
   sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/sparse.py)
 
 
-DEAD_ACTIVITY_THRESHOLD = 1e-4
 
 
 def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation,

@@ -44,7 +44,7 @@ def test_sigkill_mid_task_then_rerun_gives_bitwise_the_same_params(tmp_path):
 
   killed = _run(tmp_path / "killed")
   for line in killed.stderr:  # wait until training is under way (compiled, task 2 started)
-    if line.startswith("task 2/5"):
+    if "task 2/5" in line:
       break
   time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))  # then kill at a random moment
   assert killed.poll() is None, "the run finished before it could be killed"
@@ -112,7 +112,7 @@ def progress_of(restored):
   return restored.progress["blocks_done"]
 
 
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capfd):
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
   reference = experiment.train_and_evaluate(_tiny(), tmp_path / "reference")
   run = tmp_path / "run"
   experiment.train_and_evaluate(_tiny(), run)
@@ -121,9 +121,9 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path
   for f in (newest / "state").rglob("*"):  # damaged on disk: every array file cut in half
     if f.is_file() and f.stat().st_size > 0:
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-  capfd.readouterr()
+  caplog.clear()
   resumed = experiment.train_and_evaluate(_tiny(), run)
-  err = capfd.readouterr().err
+  err = caplog.text
   # One line says what happened; the damaged folder is kept aside, out of orbax's way.
   line = next(l for l in err.splitlines() if "could not be restored" in l)
   assert f"checkpoint {newest}" in line and f"falling back to {steps[-2].name}" in line

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from sdm_jax import data
 from sdm_jax.data import idx
 
 EMBEDDED = pathlib.Path(idx.__file__).parent / 'mnist'
@@ -314,7 +315,7 @@ def test_unknown_name():
 
 
 def test_load_dataset_prefers_idx(tmp_path):
-  ds = idx.load_dataset('mnist')
+  ds = data.load_dataset('mnist')
   assert ds['source'] == str(EMBEDDED)
   assert ds['train_labels'][:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
 
@@ -336,7 +337,7 @@ def test_absent_local_data_fails_at_once_without_tfds_or_writes(tmp_path, monkey
   before = _tree(tmp_path)
   for name in ('mnist', 'fashion_mnist'):
     with pytest.raises(idx.DataError) as e:
-      idx.load_dataset(name, data_dir=empty)
+      data.load_dataset(name, data_dir=empty)
     message = str(e.value)
     assert str(empty) in message and str(empty / name) in message
     assert '--config.data_dir=DIR' in message and '--config.data_source=tfds' in message
@@ -346,18 +347,18 @@ def test_absent_local_data_fails_at_once_without_tfds_or_writes(tmp_path, monkey
 
 def test_tfds_only_when_asked_and_only_into_a_named_folder():
   with pytest.raises(ValueError, match='data_dir'):
-    idx.load_dataset('mnist', source='tfds')
+    data.load_dataset('mnist', source='tfds')
   with pytest.raises(ValueError, match='source must be one of'):
-    idx.load_dataset('mnist', source='internet')
+    data.load_dataset('mnist', source='internet')
   with pytest.raises(idx.DataError, match="source='tfds'"):
-    idx.load_dataset('svhn_cropped')  # no local loader: never a silent download
+    data.load_dataset('svhn_cropped')  # no local loader: never a silent download
 
 
 def test_load_dataset_does_not_hide_damaged_idx_files(tmp_path):
   _copy_mnist(tmp_path)
   (tmp_path / 'train-labels-idx1-ubyte.gz').write_bytes(b'junk')
   with pytest.raises(idx.DataError, match='checksum mismatch'):
-    idx.load_dataset('mnist', data_dir=tmp_path)
+    data.load_dataset('mnist', data_dir=tmp_path)
 
 
 def test_tfds_not_installed_message(monkeypatch):
@@ -365,7 +366,7 @@ def test_tfds_not_installed_message(monkeypatch):
   with pytest.raises(idx.DataError, match=r'pip install -e \.\[tfds\]'):
     idx.load_tfds_dataset('mnist')
   with pytest.raises(idx.DataError, match=r'pip install -e \.\[tfds\]'):
-    idx.load_dataset('cifar10')
+    data.load_dataset('cifar10')
 
 
 def test_tfds_mnist_with_mock_data():
@@ -391,6 +392,6 @@ def test_tfds_generic_images_keep_channels():
 def test_load_dataset_through_tfds_when_asked(tmp_path):
   tfds = pytest.importorskip('tensorflow_datasets')
   with tfds.testing.mock_data(num_examples=5):
-    ds = idx.load_dataset('fashion_mnist', data_dir=tmp_path / 'tfds', source='tfds')
+    ds = data.load_dataset('fashion_mnist', data_dir=tmp_path / 'tfds', source='tfds')
   assert ds['train_images'].shape == (5, 28, 28)
   assert ds['source'].startswith('tfds:fashion_mnist')

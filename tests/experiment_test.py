@@ -199,13 +199,14 @@ def test_per_seed_class_orders(tmp_path):
   assert alone["per_seed"][0]["acc_matrix"][0][0] > 0.9
 
 
-def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, capfd):
+def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog):
   """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
   overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
   auto = experiment.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
-  assert "continuing with the sparse SGD step" in capfd.readouterr().err
+  assert "continuing with the sparse SGD step" in caplog.text
+  caplog.clear()
   dense = experiment.train_and_evaluate(_tiny(train_step="dense", **overrides), tmp_path / "dense")
-  assert "continuing with the sparse SGD step" not in capfd.readouterr().err
+  assert "continuing with the sparse SGD step" not in caplog.text
   for a, d in zip(auto["per_seed"], dense["per_seed"]):
     np.testing.assert_allclose(a["acc_matrix"], d["acc_matrix"], atol=2e-3)  # <= a few test examples
     assert a["curves"][-1]["loss"] == pytest.approx(d["curves"][-1]["loss"], rel=1e-4)
@@ -250,7 +251,7 @@ def _embedding_file(path, *, key="aaa111", shift=0.0):
 
 
 @pytest.mark.parametrize("key", ["aaa111", None])
-def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, capfd, key):
+def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, caplog, key):
   """config.json holds the data path only; the file's identity (its key, else a sha256) is checked too."""
   data_file = _embedding_file(tmp_path / "emb.npz", key=key)
   config = _tiny("relu", dataset="embeddings", data_dir=str(data_file), batch_size=4,
@@ -259,7 +260,7 @@ def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, capfd, key):
   assert results["status"] == "finished"
   assert set(results["dataset"]["identity"]) >= ({"embedder_key"} if key else {"sha256"})
   experiment.train_and_evaluate(config, tmp_path / "run")  # the same file: resumes
-  assert "resuming from" in capfd.readouterr().err
+  assert "resuming from" in caplog.text
   _embedding_file(data_file, key=key and "bbb222", shift=1.0)  # re-embedded in place
   with pytest.raises(ValueError, match=r"(?s)refusing to resume .*checkpoints/\d+: the data file "
                      r".*emb\.npz changed .*start fresh: delete .*checkpoints or use a new --workdir"):

@@ -265,7 +265,7 @@ def on_8_devices(tmp_path_factory):
   return workdir / RUN
 
 
-def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capfd):
+def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, caplog):
   """Cut the 8-device run back to its task-2 checkpoint; finish it here, on one device."""
   from launch import runner as sweep_lib
   from launch.configs import split_mnist as sweeps
@@ -279,7 +279,7 @@ def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capf
     if step > 2:
       shutil.rmtree(run / "checkpoints" / str(step))
   sweep_lib.run_sweep(sweeps.get_config("devices"), tmp_path)
-  assert "resuming from" in capfd.readouterr().err
+  assert "resuming from" in caplog.text
   _assert_same_run(run, on_8_devices)
 
 

@@ -93,7 +93,7 @@ def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, capfd):
+def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog):
   """50 tasks of 2 classes: the padded tasks share one shape, so the training block compiles once."""
   config = split_cifar.get_config("nopretrain_sdmlp_k1,tiny")
   config.data_dir = "cifar100"
@@ -117,7 +117,7 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, capfd):
     logging.getLogger("jax").removeHandler(handler)
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
   assert len(compiled) == 2, compiled  # the training block and the evaluation, once each
-  assert results["dataset"]["lossy"] and "LOSSY stand-in" in capfd.readouterr().err  # a lossy source says so
+  assert results["dataset"]["lossy"] and "LOSSY stand-in" in caplog.text  # a lossy source says so
 
 
 def test_tables_for_reproduce():
@@ -241,7 +241,7 @@ def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path)
   assert results["tasks_finished"] == 5 and results["dataset"]["identity"]["embedder_key"] == "aaa111"
 
 
-def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, capfd):
+def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, caplog):
   """Older or hand-made files keep working with a keyed pretrain (here written directly, as a pretrain
   run leaves it: final_state.npz with its data's identity, and config.json)."""
   pre = _pretrain_config(tmp_path / "imagenet32.npz")
@@ -256,4 +256,4 @@ def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, 
   (tmp_path / "pretrain" / "config.json").write_text(pre.to_json_best_effort())
   results = _split(_embedding_file(tmp_path / "cifar10_old.npz", None), tmp_path / "pretrain", tmp_path / "run")
   assert results["tasks_finished"] == 5 and "sha256" in results["dataset"]["identity"]
-  assert capfd.readouterr().err.count("embedder not checked: the pretrain") == 1
+  assert caplog.text.count("embedder not checked: the pretrain") == 1

@@ -1,6 +1,5 @@
 """experiments.studies and the study configs: Table 2 ablations and the k frontier."""
 
-import pathlib
 
 import numpy as np
 import pytest

@@ -17,9 +17,7 @@ Synopsis::
 from sdm_jax.data.idx import (
     CHECKSUMS,
     UNCOMPRESSED_CHECKSUMS,
-    SOURCES,
     DataError,
-    load_dataset,
     load_idx_dataset,
     load_tfds_dataset,
     read_idx,
@@ -33,6 +31,7 @@ from sdm_jax.data.cifar import (
     prepare_tfds,
 )
 from sdm_jax.data.embeddings import load_embeddings, read_meta, save_embeddings
+from sdm_jax.data.registry import SOURCES, load_dataset
 from sdm_jax.data.splits import (
     REFERENCE_CLASS_ORDERS,
     class_order,

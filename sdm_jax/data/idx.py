@@ -1,18 +1,18 @@
 """Reading MNIST and Fashion-MNIST from their IDX `.gz` files, with checksums.
 
 Finding the files (`resolve_dataset_dir`) is kept separate from reading them
-(`read_idx`, `load_idx_dataset`). `load_dataset` puts the two together; it
-reads TensorFlow Datasets only when asked (`source='tfds'`). Nothing is
+(`read_idx`, `load_idx_dataset`); `load_tfds_dataset` reads TensorFlow
+Datasets. `data.load_dataset` (sdm_jax/data/registry.py) chooses among them. Nothing is
 cached: every call reads the files again, so callers decide what to keep.
 
 Synopsis::
 
     from sdm_jax.data import idx
 
-    ds = idx.load_dataset('mnist')       # the copy embedded in the package
+    ds = idx.load_idx_dataset('mnist')   # the copy embedded in the package
     ds['train_images'].shape, ds['train_images'].dtype   # (60000, 28, 28) uint8
     ds['train_labels'][:5]                               # [5 0 4 1 9]
-    ds = idx.load_dataset('fashion_mnist', data_dir='/path/to/fashion_mnist')
+    ds = idx.load_idx_dataset('fashion_mnist', data_dir='/path/to/fashion_mnist')
 
 The search order for the four files is: `data_dir`, then `$SDM_JAX_DATA_DIR`
 (each as DIR itself or DIR/<name>), then the MNIST copy shipped in
@@ -130,11 +130,6 @@ _HOW_TO_GET = {
         '/usr/share/datasets/fashion-mnist; upstream they are at '
         'https://github.com/zalandoresearch/fashion-mnist; ' + _TFDS_HINT),
 }
-
-SOURCES = ('local', 'tfds')
-"""Where `load_dataset` may read MNIST and Fashion-MNIST from: files on disk
-only ('local', the default: never the network), or TensorFlow Datasets
-('tfds': may download, but only into the `data_dir` the caller names)."""
 
 _IDX_UBYTE = 0x08
 _IDX_MAGIC_NDIM = {0x00000801: 1, 0x00000803: 3}  # labels, images
@@ -463,67 +458,3 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None, *,
     out[f'{ours}_labels'] = _as_labels(labels)
   out['source'] = f'tfds:{name}' + ('' if data_dir is None else f' ({data_dir})')
   return out
-
-
-def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
-                 verify: bool = True, source: str = 'local',
-                 **kwargs) -> dict[str, Any]:
-  """Loads a dataset from files on disk, or through TFDS when asked to.
-
-  The CIFAR pipeline's names go to their own loaders, with `kwargs`:
-  'cifar10_jpeg' (`cifar.load_cifar10_jpeg`: the LOSSY JPEG stand-in,
-  kwargs `cache`, `max_per_class`), 'cifar10', 'cifar100' and 'imagenet32'
-  (`cifar.load_tfds`, kwarg `manual_dir`; prepared TFDS folders only, no
-  download), and 'embeddings' (`embeddings.load_embeddings`, data_dir = the
-  `.npz` file). Their dicts also hold `lossy` and `num_classes`.
-
-  For 'mnist' and 'fashion_mnist', `source` says where from:
-  - 'local' (default): the IDX files that `resolve_dataset_dir` finds. If
-    none are found this fails at once, listing the folders searched. It
-    never touches the network and never writes anything.
-  - 'tfds': TensorFlow Datasets, which reads `data_dir` as its data folder
-    and downloads and prepares the dataset there when it is absent.
-    `data_dir` is required, so TFDS never writes where it was not pointed.
-  A missing local copy is never silently replaced by a download: offline,
-  TFDS retries for minutes before failing, and it writes its `downloads/`
-  folder as it goes.
-
-  Args:
-    name: dataset name.
-    data_dir: optional folder: IDX files as for `resolve_dataset_dir`, or
-      the TFDS data folder with `source='tfds'`.
-    verify: check the sha256 of IDX files.
-    source: 'local' or 'tfds' (`SOURCES`), for 'mnist' and 'fashion_mnist'.
-
-  Returns:
-    The dict described in `load_idx_dataset`.
-
-  Raises:
-    ValueError: unknown `source`, or `source='tfds'` without `data_dir`.
-    DataError: the dataset could not be loaded; the message says why and
-      how to get it.
-  """
-  # Imported here: both modules import this one.
-  from sdm_jax.data import cifar, embeddings  # pylint: disable=g-import-not-at-top
-  if source not in SOURCES:
-    raise ValueError(f'source must be one of {SOURCES}, got {source!r}')
-  if name == 'cifar10_jpeg':
-    return cifar.load_cifar10_jpeg(data_dir, verify=verify, **kwargs)
-  if name in cifar.TFDS_DATASETS:
-    return cifar.load_tfds(name, data_dir, **kwargs)
-  if name == 'embeddings':
-    return embeddings.load_embeddings(data_dir, **kwargs)
-  if kwargs:
-    raise TypeError(f'load_dataset({name!r}) takes no {sorted(kwargs)}')
-  if source == 'tfds':
-    if data_dir is None:
-      raise ValueError(
-          f"source='tfds' downloads {name!r} into data_dir: name a folder "
-          '(--config.data_dir=DIR)')
-    return load_tfds_dataset(name, data_dir, download=True)
-  if name not in CHECKSUMS:
-    raise DataError(
-        f'{name!r} has no local loader (local datasets: {sorted(CHECKSUMS)}, '
-        "'cifar10_jpeg', 'embeddings'); to read it through TensorFlow "
-        "Datasets pass source='tfds' and a data_dir")
-  return load_idx_dataset(name, data_dir, verify=verify)
