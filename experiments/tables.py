@@ -79,7 +79,7 @@ def table_row(row: str, config, results: dict) -> str:
           f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
           f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
           f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
-          f"{experiment._fmt_duration(results['wall_time_s'])} |")
+          f"{experiment.fmt_duration(results['wall_time_s'])} |")
 
 
 HEADER = ("| row | neurons | k | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
@@ -195,5 +195,5 @@ def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, 
       raise ValueError(f"no row of {list(order)} has finished in {workdir} with the same config")
     text = write_table(next(iter(all_results.values())).get("machine", ""))
   print(text)
-  print(f"total wall time {experiment._fmt_duration(time.time() - start)}; table in {workdir / filename}")
+  print(f"total wall time {experiment.fmt_duration(time.time() - start)}; table in {workdir / filename}")
   return all_results

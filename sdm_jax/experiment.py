@@ -40,7 +40,7 @@ import numpy as np
 
 from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
-from sdm_jax import (checkpoint, continual, flymodel, layers, metrics, models, optim, pretrained,
+from sdm_jax import (checkpoint, continual, final_state, flymodel, layers, metrics, models, optim, pretrained,
                      regularizers, sparse, train)
 from sdm_jax.data import embeddings
 
@@ -385,7 +385,7 @@ def _lossy_note(tasks) -> str:
   return "; LOSSY stand-in: not the real dataset" if tasks.lossy else ""
 
 
-def _fmt_duration(seconds: float) -> str:
+def fmt_duration(seconds: float) -> str:
   seconds = int(round(seconds))
   h, rem = divmod(seconds, 3600)
   m, s = divmod(rem, 60)
@@ -488,7 +488,7 @@ def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.T
   total = schedule_of(config).blocks_per_task * tasks.num_tasks
   elapsed = restored.progress["elapsed_s"]
   logging.info(f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
-       f"({_fmt_duration(elapsed)} of training so far)")
+       f"({fmt_duration(elapsed)} of training so far)")
   return mesh_lib.pad(restored.states, mesh), progress, elapsed
 
 
@@ -513,7 +513,7 @@ class _Speed:
     rate = self.steps / self.seconds
     remaining = (sum(self.steps_per_block[task + 1:]) * self.blocks_per_task
                  + self.steps_per_block[task] * (self.blocks_per_task - block_in_task - 1))
-    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {_fmt_duration(remaining / rate)}"
+    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {fmt_duration(remaining / rate)}"
 
 
 def _progress_line(block: continual.Block, progress: continual.Progress, config, speed: _Speed) -> str:
@@ -584,7 +584,7 @@ def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> 
   logging.info(f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
        + (f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
           if summary["num_seeds"] > 1 else "")
-       + f"; wall time {_fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+       + f"; wall time {fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
        + _lossy_note(tasks))
 
 
@@ -625,36 +625,14 @@ def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, ta
 
 
 def save_final_state(path: pathlib.Path, states: train.TrainState, seeds, *, data: dict | None = None) -> None:
-  """The trained parameters and GABA counters of every seed, for analysis (experiments.analyze).
-
-  Keys: "seeds" [S]; "params/hidden/kernel" [S, n, r], "params/output/kernel" [S, r, C]
-  (and biases when the model has them); "gaba_counts" [S, r]; "epoch" [S] (epochs trained: a
-  continual run started from this state keeps it, as the reference keeps `curr_ep`). Plain numpy,
-  so any tool reads it. "data" (only when `data` is given): the training data file's identity
-  (`data_identity`) as a JSON string, which `pretrained.load` reads to check the embedder.
-  """
-  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
-  if data is not None:
-    arrays["data"] = np.asarray(json.dumps(data, sort_keys=True))
-  if getattr(states, "epoch", None) is not None:  # (analysis tools may pass params and counters only)
-    arrays["epoch"] = np.asarray(states.epoch)
-  for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
-    arrays["params/" + "/".join(str(k.key) for k in keypath)] = np.asarray(leaf)
-  np.savez(path, **arrays)
+  """The trained parameters and GABA counters of every seed, for analysis (`sdm_jax/final_state.py`)."""
+  final_state.save(path, states, seeds, data=data)
 
 
 def load_final_state(path) -> tuple[np.ndarray, dict, np.ndarray]:
   """(seeds, params with a leading seed axis, gaba_counts) as written by `save_final_state`."""
-  with np.load(path) as f:
-    params: dict = {}
-    for name in f.files:
-      if name.startswith("params/"):
-        *parents, leaf = name.split("/")[1:]
-        node = params
-        for part in parents:
-          node = node.setdefault(part, {})
-        node[leaf] = f[name]
-    return f["seeds"], params, f["gaba_counts"]
+  state = final_state.load(path)
+  return state.seeds, state.params, state.gaba_counts
 
 
 def _results(config, spec, tasks: continual.Tasks, progress: continual.Progress, wall: float, status: str,

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sdm_jax import regularizers, train
+from sdm_jax import final_state, regularizers, train
 
 FINAL_STATE = "final_state.npz"
 # Model fields that define the pretrained hidden layer and its behaviour: the authors' code inherits
@@ -91,18 +91,16 @@ def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
   if not file.is_file():
     raise ValueError(f"config.pretrained: no {FINAL_STATE} at {file} (run experiments.pretrain first; "
                      "its --workdir is what config.pretrained names)")
-  with np.load(file) as f:
-    names = set(f.files)
-    if not {"seeds", "gaba_counts", "params/hidden/kernel"} <= names:
-      raise ValueError(f"config.pretrained: {file} is not a final state written by a pretrain "
-                       f"(it holds {sorted(names)})")
-    num_seeds = len(f["seeds"])
-    if not 0 <= index < num_seeds:
-      raise ValueError(f"config.pretrained_index: {index} out of range; {file} holds {num_seeds} seed(s)")
-    hidden = {name.split("/")[-1]: f[name][index] for name in names if name.startswith("params/hidden/")}
-    epoch = int(f["epoch"][index]) if "epoch" in names else 0
-    counts = f["gaba_counts"][index]
-    data = json.loads(str(f["data"])) if "data" in names else None
+  state = final_state.load(file)
+  if not {"seeds", "gaba_counts", "params/hidden/kernel"} <= state.names:
+    raise ValueError(f"config.pretrained: {file} is not a final state written by a pretrain "
+                     f"(it holds {sorted(state.names)})")
+  num_seeds = len(state.seeds)
+  if not 0 <= index < num_seeds:
+    raise ValueError(f"config.pretrained_index: {index} out of range; {file} holds {num_seeds} seed(s)")
+  hidden = {name: array[index] for name, array in state.params["hidden"].items()}
+  epoch = int(state.epoch[index]) if state.epoch is not None else 0
+  counts, data = state.gaba_counts[index], state.data
   config_file = file.parent / "config.json"
   model = json.loads(config_file.read_text())["model"] if config_file.is_file() else None
   return Pretrained(hidden=hidden, gaba_counts=counts, epoch=epoch, model=model, path=file, data=data)

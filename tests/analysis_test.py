@@ -132,6 +132,7 @@ def test_balanced_subset():
 
 
 @pytest.mark.parametrize("kind", ["sdmlp", "topk"])
+@pytest.mark.slow
 def test_neuron_statistics_match_one_forward_pass(kind):
   if kind == "sdmlp":
     spec, epoch, k = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3), None, 3
@@ -217,6 +218,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
   return path
 
 
+@pytest.mark.slow
 def test_analyze_cli_end_to_end(tmp_path):
   pytest.importorskip("matplotlib")
   sdm = _fake_workdir(tmp_path / "sdm", "sdmlp")

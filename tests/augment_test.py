@@ -71,6 +71,7 @@ def test_train_augment_flip_and_normalize():
                              (1 - np.array(augment.CIFAR10_MEAN)) / np.array(augment.CIFAR10_STD), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_rand_augment_changes_images_deterministically():
   x = np.stack([_img(s) for s in range(8)])
   f = jax.jit(augment.train_augment)

@@ -37,6 +37,7 @@ def _final_state(workdir):
     return {name: f[name] for name in f.files}
 
 
+@pytest.mark.slow
 def test_sigkill_mid_task_then_rerun_gives_bitwise_the_same_params(tmp_path):
   reference = _run(tmp_path / "reference")
   _, err = reference.communicate(timeout=300)
@@ -74,6 +75,7 @@ def _tiny(**overrides):
   return config
 
 
+@pytest.mark.slow
 def test_resuming_with_another_config_is_refused_naming_the_field(tmp_path):
   experiment.train_and_evaluate(_tiny(), tmp_path)
   changed = _tiny()
@@ -112,6 +114,7 @@ def progress_of(restored):
   return restored.progress["blocks_done"]
 
 
+@pytest.mark.slow
 def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
   reference = experiment.train_and_evaluate(_tiny(), tmp_path / "reference")
   run = tmp_path / "run"
@@ -133,6 +136,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path
   assert (run / "checkpoints" / newest.name).is_dir()  # the redone block saved again
 
 
+@pytest.mark.slow
 def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path):
   foreign = tmp_path / "foreign" / "checkpoints" / "7"
   foreign.mkdir(parents=True)

@@ -19,6 +19,7 @@ def _readme_example() -> str:
   return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
   """scikit-learn's digits (not MNIST): SDMLP keeps more of the earlier tasks than the ReLU MLP,
   which keeps only the last task's two classes (about 0.2 of the test set)."""
@@ -33,6 +34,7 @@ def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
   assert "0.365" in out.getvalue() and "relu: 0.197" in out.getvalue()  # the numbers the README quotes
 
 
+@pytest.mark.slow
 def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
   """`fit` and `experiment.train_and_evaluate` drive the same loop: equal accuracy matrices."""
   config = split_mnist.get_config("sdmlp,tiny")
@@ -50,6 +52,7 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
   assert (tmp_path / "fit" / "metrics.csv").read_text() == (tmp_path / "run" / "metrics.csv").read_text()
 
 
+@pytest.mark.slow
 def test_a_fixed_t_too_large_for_small_data_warns(tmp_path):
   """The issue's case: MNIST's quick T (500K firings) on 1,437 digits never switches."""
   sklearn_datasets = pytest.importorskip("sklearn.datasets")

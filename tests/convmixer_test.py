@@ -33,6 +33,7 @@ def test_reference_param_count_by_hand():
   assert _count(variables['batch_stats']) == 2 * 256 * (1 + 2 * 8)  # mean and var of 17 BNs
 
 
+@pytest.mark.slow
 def test_forward_shapes_embedding_before_head():
   model = convmixer.ConvMixer(dim=16, depth=2, kernel_size=3, patch_size=4, num_classes=7)
   variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
@@ -45,6 +46,7 @@ def test_forward_shapes_embedding_before_head():
 
 
 @pytest.mark.parametrize('k', [3, 4, 5])
+@pytest.mark.slow
 def test_depthwise_conv_equals_grouped_conv(k):
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 6))
   layer = convmixer.DepthwiseConv(k)
@@ -63,6 +65,7 @@ _STANDIN = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'ci
 
 
 @pytest.mark.skipif(not (_STANDIN / cifar.JPEG_TAR).is_file(), reason='JPEG stand-in not found')
+@pytest.mark.slow
 def test_tiny_training_reduces_loss_on_real_images(tmp_path):
   ds = cifar.load_cifar10_jpeg(_STANDIN, cache=tmp_path, max_per_class=7)  # 70 real training images
   x, y = ds['train_images'][:64], ds['train_labels'][:64].astype(np.int32)
@@ -79,6 +82,7 @@ def test_tiny_training_reduces_loss_on_real_images(tmp_path):
   assert float(metrics['grad_norm']) > 0
 
 
+@pytest.mark.slow
 def test_two_devices_match_one(tmp_path):
   """A step with the batch sharded over 2 forced host devices gives the 1-device result."""
   script = textwrap.dedent('''

@@ -187,6 +187,7 @@ def _switched_states(spec, tx, seeds):
   return states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
 
 
+@pytest.mark.slow
 def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
   """No compiler: one warning, `available()` False, "auto" takes the XLA update (same result),
   "ffi" raises."""
@@ -227,6 +228,7 @@ def test_a_failed_compile_is_reported(monkeypatch, tmp_path):
 
 
 @needs_kernel
+@pytest.mark.slow
 def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_path):
   """The cache dir cannot be created (its parent is a file): the library is built under the
   temp dir instead, atomically (no temporary file is left), and found there the next time."""

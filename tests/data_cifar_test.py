@@ -52,6 +52,7 @@ def full_jpeg(tmp_path_factory):
 
 
 @needs_tar
+@pytest.mark.slow
 def test_full_jpeg_decode_matches_readme(full_jpeg):
   _, ds = full_jpeg
   assert ds['train_images'].shape == (50000, 32, 32, 3)
@@ -75,6 +76,7 @@ def test_full_jpeg_decode_matches_readme(full_jpeg):
 
 
 @needs_tar
+@pytest.mark.slow
 def test_full_jpeg_second_load_uses_cache(full_jpeg, monkeypatch):
   cache, first = full_jpeg
   assert [p.name for p in cache.iterdir()] == [

@@ -24,6 +24,7 @@ def tfds():
   return pytest.importorskip('tensorflow_datasets')
 
 
+@pytest.mark.slow
 def test_embed_cache_and_stale_checkpoint(tmp_path, tfds, monkeypatch):
   model, variables = _save_embedder(tmp_path / 'emb_a')
   out = tmp_path / 'out.npz'
@@ -64,6 +65,7 @@ def test_embed_cache_and_stale_checkpoint(tmp_path, tfds, monkeypatch):
   assert computed and embeddings.read_meta(out)['dataset'] == 'cifar100'
 
 
+@pytest.mark.slow
 def test_default_output_lives_with_the_embedder_and_is_not_hashed(tmp_path, tfds):
   _save_embedder(tmp_path / 'e')
   key = embed.embedder_key(tmp_path / 'e')

@@ -90,6 +90,7 @@ def finished_run(tmp_path_factory):
 
 @pytest.mark.parametrize("killed", [False, True], ids=["finished", "killed"])
 @pytest.mark.parametrize("field,value", [("optimizer.learning_rate", 0.1), ("model.k", 5)])
+@pytest.mark.slow
 def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path, field, value, killed):
   """Issue: a refused resume used to rewrite config.json first, so the workdir described a run that
   never happened (and `experiments.analyze` reported the refused k)."""
@@ -154,6 +155,7 @@ def test_unknown_variant_and_size():
     split_mnist.get_config("sdmlp,huge")
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_results(tmp_path):
   config = _tiny(seeds=(0, 1), eval_every=1)
   results = experiment.train_and_evaluate(config, tmp_path)
@@ -179,6 +181,7 @@ def test_tiny_run_writes_results(tmp_path):
   np.testing.assert_allclose(np.linalg.norm(params["hidden"]["kernel"], axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
   config = _tiny("relu", **{"optimizer.learning_rate": 1e38, "optimizer.clip_norm": 0.0})
   # Tasks counted from 1, as in the progress lines ("task 1/5 epoch 1/1").
@@ -188,6 +191,7 @@ def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
   assert saved["status"] == "failed" and "task 1/5, epoch 1 " in saved["failure"]
 
 
+@pytest.mark.slow
 def test_per_seed_class_orders(tmp_path):
   """class_order='by_seed': each seed trains on its own (reference) class order, one program."""
   config = _tiny(seeds=(3, 97), class_order="by_seed")
@@ -199,6 +203,7 @@ def test_per_seed_class_orders(tmp_path):
   assert alone["per_seed"][0]["acc_matrix"][0][0] > 0.9
 
 
+@pytest.mark.slow
 def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog):
   """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
   overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
@@ -212,6 +217,7 @@ def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, c
     assert a["curves"][-1]["loss"] == pytest.approx(d["curves"][-1]["loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_oracle_learns_all_of_mnist(tmp_path):
   """The Oracle row: the ReLU MLP on all ten classes at once (one task) reaches >= 0.97."""
   config = split_mnist.get_config("oracle,quick")  # 20 epochs of all 60K images
@@ -221,6 +227,7 @@ def test_oracle_learns_all_of_mnist(tmp_path):
   assert results["summary"]["final_accuracy_mean"] >= 0.97
 
 
+@pytest.mark.slow
 def test_flymodel_row_through_the_runner(tmp_path):
   """FlyModel 1K (one pass per task, closed form) via train_and_evaluate: paper 0.77."""
   config = split_mnist.get_config("flymodel,tiny")
@@ -251,6 +258,7 @@ def _embedding_file(path, *, key="aaa111", shift=0.0):
 
 
 @pytest.mark.parametrize("key", ["aaa111", None])
+@pytest.mark.slow
 def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, caplog, key):
   """config.json holds the data path only; the file's identity (its key, else a sha256) is checked too."""
   data_file = _embedding_file(tmp_path / "emb.npz", key=key)
@@ -276,6 +284,7 @@ def test_checkpoints_without_a_data_identity_resume_with_a_note():
   assert experiment.check_same_data({"data_identity": identity}, moved, where) is None
 
 
+@pytest.mark.slow
 def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path):
   """T is a firing count tuned to MNIST's size: on less data the switch never happens, silently
   (issue: scikit-learn digits, every neuron active all run). Now T can be given in epochs of the

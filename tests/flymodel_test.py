@@ -26,6 +26,7 @@ def _numpy_code(projection, x):
   return h / h.max()
 
 
+@pytest.mark.slow
 def test_projection_rows_have_exactly_n_response_ones():
   projection = np.asarray(flymodel.init(jax.random.key(0), n_in=50, n_kc=300, n_response=7))
   assert projection.shape == (300, 50)
@@ -147,6 +148,7 @@ def test_earlier_rows_untouched_by_a_later_task_and_unseen_classes_never_win():
   np.testing.assert_array_equal(predicted, np.argmax(scores[:, :2], axis=1))
 
 
+@pytest.mark.slow
 def test_run_split_matches_a_manual_task_loop():
   rng = np.random.default_rng(3)
   task_classes = np.array([[0, 1], [2, 3], [4, 5]])
@@ -178,6 +180,7 @@ def test_run_split_matches_a_manual_task_loop():
   assert np.all(acc[np.triu_indices(3, 1)] == 0.0)  # classes not yet seen are never predicted
 
 
+@pytest.mark.slow
 def test_split_mnist_reference_settings():
   """Ordinal 5-task Split MNIST, reference settings (paper Table 7: 10K KCs 0.91, 1K KCs 0.77)."""
   d = data_lib.load_dataset("mnist", None)

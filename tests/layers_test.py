@@ -43,6 +43,7 @@ def test_bisect_handles_any_k_up_to_r_and_beyond():
   np.testing.assert_array_equal(np.asarray(fn(a, 51)), np.zeros(8, np.float32))
 
 
+@pytest.mark.slow
 def test_negative_zero_counts_as_zero():
   a = jnp.array([[-0.0, 0.5, 0.25, -0.0]], jnp.float32)
   assert float(layers.kth_largest(a, 3, method="bisect")[0]) == 0.0
@@ -61,6 +62,7 @@ def test_threshold_has_no_gradient():
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
+@pytest.mark.slow
 def test_subtract_leaves_exactly_k_active():
   a = jnp.asarray(_random_activations(4, (32, 1000), ties=False))
   for k in (1, 10, 100):
@@ -86,6 +88,7 @@ def test_gaba_lambda_schedule_hand_values():
   np.testing.assert_allclose(np.asarray(layers.gaba_lambda(counts, T)), [-1.0, -0.5, 0.0, 0.5, 1.0, 1.0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_gaba_excites_everyone_before_and_is_topk_after_the_switch():
   a = jnp.asarray(_random_activations(6, (16, 500), ties=False))
   thr = layers.kth_largest(a, 11, k_bound=11)

@@ -244,6 +244,7 @@ def test_matches_the_lazy_scalar_toy(name, tx):
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_gradient_detects_exactly_the_neurons_that_did_not_fire_in_the_sdm_model():
   # Integration with the real SDMLP (post GABA switch, k = 2 of 12, batch of 4):
   # the gradient-based mask equals "fired for at least one example" from the forward pass.

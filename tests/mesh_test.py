@@ -84,6 +84,7 @@ def engine(engine_dir):
   return run_worker(pathlib.Path(__file__), "engine", str(engine_dir))
 
 
+@pytest.mark.slow
 def test_sharded_seeds_equal_vmapped_mapped_and_single_seed_runs(engine):
   """8 seeds over 8 devices == 8 seeds vmapped (and lax.map'ed) on one device == 8 single runs."""
   assert engine["devices"] == 8
@@ -96,6 +97,7 @@ def test_sharded_seeds_equal_vmapped_mapped_and_single_seed_runs(engine):
   assert engine["padded3on8_vs_map"] <= 1e-5
 
 
+@pytest.mark.slow
 def test_data_parallel_equals_one_device_with_the_same_global_batch(engine):
   """Batches split over 2 devices (gradients, counts and GABA counters summed) == one device."""
   assert engine["data2_vs_one"] <= 1e-5
@@ -104,6 +106,7 @@ def test_data_parallel_equals_one_device_with_the_same_global_batch(engine):
   assert engine["seed4_data2_vs_one"] <= 1e-5
 
 
+@pytest.mark.slow
 def test_seed_sharding_runs_without_collectives(engine):
   """The seed axis needs no communication: no all-gather of the state, no collective at all;
   the data axis only all-reduces."""
@@ -203,6 +206,7 @@ if __name__ == "__main__":
   print(json.dumps({"engine": _engine_worker}[sys.argv[1]](*sys.argv[2:])))
 
 
+@pytest.mark.slow
 def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir):
   """Orbax writes the state split over 8 devices; this 1-device process reads it back exactly."""
   import jax
@@ -265,6 +269,7 @@ def on_8_devices(tmp_path_factory):
   return workdir / RUN
 
 
+@pytest.mark.slow
 def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, caplog):
   """Cut the 8-device run back to its task-2 checkpoint; finish it here, on one device."""
   from launch import runner as sweep_lib
@@ -283,6 +288,7 @@ def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capl
   _assert_same_run(run, on_8_devices)
 
 
+@pytest.mark.slow
 def test_two_processes_with_jax_distributed_agree_with_one(on_8_devices, tmp_path):
   """Two local processes (2 CPU devices each, jax.distributed over gloo) run the same sweep."""
   with socket.socket() as s:

@@ -96,6 +96,7 @@ def test_leaf_shapes_are_in_out(hidden_bias, output_bias):
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_relu_mlp_leaf_shapes():
   params = models.init_params(jax.random.key(0), models.relu_mlp(784, 1000, 10))
   assert jax.tree.map(lambda p: p.shape, params) == {
@@ -254,6 +255,7 @@ def _assert_forward_matches(spec, params, x, expected_hidden, **kwargs):
   np.testing.assert_allclose(np.asarray(logits), expected_logits, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_forward_flat_subtract_matches_numpy():
   spec, params, x = _tiny(k_schedule="flat")
   expected = _np_sdm_hidden(_np_params(params), x, TINY_K)
@@ -294,6 +296,7 @@ def test_forward_flat_mask_matches_numpy():
 
 
 @pytest.mark.parametrize("epoch, expected_k", [(0, 8), (3, 5), (5, 3), (6, 2), (9, 2)])
+@pytest.mark.slow
 def test_forward_topk_mlp_matches_numpy(epoch, expected_k):
   spec = models.topk_mlp(TINY_IN, TINY_NEURONS, TINY_CLASSES, k=2, k_transition_epochs=6)
   k = models.current_k(spec, epoch)
@@ -375,6 +378,7 @@ def test_relu_mlp_dropout_with_key_zeroes_half_and_scales_kept_by_two():
 
 @pytest.mark.parametrize("k", [1, 10])
 @pytest.mark.parametrize("count_scale, method", [(1.0, "auto"), (3.0, "auto"), (1.0, "bisect")])
+@pytest.mark.slow
 def test_after_switch_exactly_k_active(k, count_scale, method):
   t = 100.0
   spec = models.sdmlp(32, 200, 10, k=k, gaba_switch_activations=t, threshold_method=method)

@@ -141,6 +141,7 @@ def test_clip_leaves_small_gradients_alone():
 
 
 @pytest.mark.parametrize("name", ["sgd", "sgdm", "adam", "rmsprop"])
+@pytest.mark.slow
 def test_projection_holds_after_many_steps(name):
   spec = models.sdmlp(20, 30, 5)
   projection = functools.partial(models.project_params, spec=spec)
@@ -172,6 +173,7 @@ def test_projection_holds_after_many_steps(name):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), reprojected, final)
 
 
+@pytest.mark.slow
 def test_projection_step_lands_on_projected_params():
   spec = models.sdmlp(20, 30, 5, output_bias=True)
   projection = functools.partial(models.project_params, spec=spec)

@@ -36,6 +36,7 @@ def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300, data=None):
   return states
 
 
+@pytest.mark.slow
 def test_start_from_keeps_hidden_counters_epoch_and_resets_the_output_layer(tmp_path):
   config = _config()
   saved = _write_pretrain(tmp_path, config, seeds=(7, 8))

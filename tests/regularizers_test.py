@@ -60,6 +60,7 @@ def _assert_tree_close(actual, expected, **tol):
 
 
 @pytest.mark.parametrize("labels", ["true", "predicted"])
+@pytest.mark.slow
 def test_fisher_exact_matches_per_example_loop(labels):
   params, logits_fn = _mlp()
   x, y = _data(0, 23)
@@ -75,6 +76,7 @@ def test_fisher_exact_matches_per_example_loop(labels):
   _assert_tree_close(fisher, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fisher_exact_padding_and_num_examples():
   params, logits_fn = _mlp()
   x, y = _data(1, 10)
@@ -261,6 +263,7 @@ def test_si_gradients_match_hand_formulas():
 # ------------------------------------------------------------------ penalty, slots
 
 
+@pytest.mark.slow
 def test_penalty_value_gradient_and_empty_slots():
   params, _ = _mlp()
   rng = np.random.default_rng(9)
@@ -309,6 +312,7 @@ def test_l2_penalty_is_squared_distance_to_latest_task_end():
   assert all(np.all(np.asarray(o) == 1.0) for o in jax.tree.leaves(state.importance))
 
 
+@pytest.mark.slow
 def test_ewc_consolidate_fills_one_slot_per_task_with_one_compile():
   params, logits_fn = _mlp()
   x, y = _data(10, 12)

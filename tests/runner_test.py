@@ -46,6 +46,7 @@ def _fake_train_and_evaluate(calls, interrupt_after=None):
   return fake
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
   """A 2 x 4 sweep killed after 4 runs: the rerun runs the other 4, and the summary lists all 8."""
   config = sweeps.get_config("smoke")

@@ -42,6 +42,7 @@ def test_top_values_and_indices_match_a_sort(ties, r):
 
 
 @pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (None, "auto")])  # XLA per-slot; CPU: FFI kernel
+@pytest.mark.slow
 def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   """From lambda = -1 (every unit fires: dense) through the switch (sparse blocks), same training."""
   x, y, sizes = _mnist_task()
@@ -78,6 +79,7 @@ def _switched_states(spec, tx, seeds):
                                                           (None, "ffi", "map"), (None, "ffi", "vmap")])
 @pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"),
                                                      (None, 0.3, "flat")])
+@pytest.mark.slow
 def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched, kernel, seed_loop):
   """Same params, counters and metrics as the dense step, with neurons shared across each batch
   (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on every address path."""
@@ -109,6 +111,7 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
 
 @pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (12, "xla"), (None, "auto")])
 @pytest.mark.parametrize("clip_factor", [0.01, 1.05, 1e3])
+@pytest.mark.slow
 def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor, max_touched, kernel):
   """One step: the (clipped) update equals optax's, where several examples share neurons.
 
@@ -134,6 +137,7 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_automatic_address_path_and_touched_overflow():
   """With the XLA update (`kernel="xla"`; the CPU kernel has no capacity):
   1K neurons x batch 128 x k 10 takes the compact path (r // 2 rows); 10K the per-slot one.

@@ -93,6 +93,7 @@ def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog):
   """50 tasks of 2 classes: the padded tasks share one shape, so the training block compiles once."""
   config = split_cifar.get_config("nopretrain_sdmlp_k1,tiny")
@@ -135,6 +136,7 @@ def test_embedding_width_is_checked_against_the_file(tmp_path, fake_data):
     experiment.train_and_evaluate(config, tmp_path)
 
 
+@pytest.mark.slow
 def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   """Issue 5's chain on TFDS mock data: ConvMixer -> embeddings -> SDMLP pretrain -> Split CIFAR-10.
 
@@ -175,6 +177,7 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
     assert f["epoch"].tolist() == [2 + 10, 2 + 10]  # the pretrain's 2 epochs + 5 tasks x 2
 
 
+@pytest.mark.slow
 def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path):
   """Table 3's path on TFDS mock data: an ImageNet32-pixel pretrain (TFDS imagenet_resized/32x32, 3072
   inputs), then a pixel row of Split CIFAR-10 (TFDS cifar10) starting from it."""
@@ -226,6 +229,7 @@ def _pretrain_config(data_file):
   return pre
 
 
+@pytest.mark.slow
 def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path):
   """A retrained embedder (new key) with an old pretrain is refused; embeddings from the same one run."""
   experiment.train_and_evaluate(_pretrain_config(_embedding_file(tmp_path / "imagenet32.npz", "aaa111")),
@@ -241,6 +245,7 @@ def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path)
   assert results["tasks_finished"] == 5 and results["dataset"]["identity"]["embedder_key"] == "aaa111"
 
 
+@pytest.mark.slow
 def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, caplog):
   """Older or hand-made files keep working with a keyed pretrain (here written directly, as a pretrain
   run leaves it: final_state.npz with its data's identity, and config.json)."""

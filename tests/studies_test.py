@@ -63,6 +63,7 @@ def test_row_configs_and_figures(tmp_path):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   from experiments import tables
   from sdm_jax import data as data_lib

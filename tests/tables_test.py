@@ -18,6 +18,7 @@ def _configs():
   return {"flymodel": fly, "sdmlp": sdmlp}
 
 
+@pytest.mark.slow
 def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   configs = _configs()
   results = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
@@ -77,6 +78,7 @@ def test_finished_ignores_only_fields_that_do_not_change_results(tmp_path):
   assert tables._finished(tmp_path, config) is None
 
 
+@pytest.mark.slow
 def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch):
   configs = _configs()
   # "Another process" finishes the FlyModel row in the shared workdir.

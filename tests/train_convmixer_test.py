@@ -57,6 +57,7 @@ def test_batch_must_split_over_devices():
     train_convmixer.validate_config(tiny_config(batch_size=16), 3)
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_results_and_embedder_then_resumes(tmp_path):
   results = run_tiny(tmp_path, epochs=1)
   saved = json.loads((tmp_path / 'results.json').read_text())

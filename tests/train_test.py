@@ -33,6 +33,7 @@ def _setup(spec, lr=0.05, name="sgd"):
   return tx
 
 
+@pytest.mark.slow
 def test_one_compile_across_tasks_epochs_and_k_annealing():
   tasks = _mnist_tasks()
   assert len(set(np.asarray(tasks["train_sizes"]).tolist())) == 5  # unequal task sizes
@@ -49,6 +50,7 @@ def test_one_compile_across_tasks_epochs_and_k_annealing():
   np.testing.assert_array_equal(np.asarray(states.epoch), [10, 10])
 
 
+@pytest.mark.slow
 def test_vmapped_seeds_equal_single_seed_runs():
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 48, 10, k=3, gaba_switch_activations=2000.0)
@@ -70,6 +72,7 @@ def test_vmapped_seeds_equal_single_seed_runs():
                          np.asarray(stacked.params["output"]["kernel"][1]))
 
 
+@pytest.mark.slow
 def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=600.0)
@@ -95,6 +98,7 @@ def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   assert float(metrics.active_per_example[0, -1]) < 2 * spec.k
 
 
+@pytest.mark.slow
 def test_projection_invariants_hold_after_training():
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 64, 10, k=5, gaba_switch_activations=3000.0)
@@ -110,6 +114,7 @@ def test_projection_invariants_hold_after_training():
   np.testing.assert_allclose(norms, 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_padding_rows_are_ignored():
   """Whatever the padding rows hold, training on a padded task gives the same result."""
   tasks = _mnist_tasks()
@@ -129,6 +134,7 @@ def test_padding_rows_are_ignored():
   np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss))
 
 
+@pytest.mark.slow
 def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
   """The class-incremental failure mode on real data: the first task is learned, then overwritten."""
   tasks = _mnist_tasks()
@@ -149,6 +155,7 @@ def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
 
 
 @pytest.mark.parametrize("seed_loop", ["vmap", "map"])
+@pytest.mark.slow
 def test_seed_loops_agree(seed_loop):
   """lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training."""
   tasks = _mnist_tasks()
@@ -174,6 +181,7 @@ def test_seed_loops_agree(seed_loop):
     ("mas", 10.0, {}),
     ("si", 10.0, {}),
 ])
+@pytest.mark.slow
 def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, options):
   """Each regulariser through the engine: anchors at the task boundary, less forgetting than none."""
   tasks = _mnist_tasks()

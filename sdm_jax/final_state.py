@@ -1,0 +1,55 @@
+"""A run's trained models as one plain `.npz` file: written once at the end, read by every tool.
+
+Keys: "seeds" [S]; "params/hidden/kernel" [S, n, r], "params/output/kernel" [S, r, C] (and
+biases when the model has them); "gaba_counts" [S, r]; "epoch" [S] (epochs trained: a continual
+run started from this state keeps it, as the authors keep `curr_ep`); "data" (when given): the
+training data file's identity as a JSON string, which `pretrained.load` compares with the
+embeddings a continual run is given. Plain numpy, so any tool reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+
+class FinalState(NamedTuple):
+  seeds: np.ndarray
+  params: dict  # nested like the model's params, each leaf with a leading seed axis
+  gaba_counts: np.ndarray
+  epoch: np.ndarray | None
+  data: dict | None
+  names: frozenset  # the file's keys, for callers that check what kind of file it is
+
+
+def save(path: str | pathlib.Path, states: Any, seeds, *, data: dict | None = None) -> None:
+  """Writes every seed's `states.params`, `states.gaba_counts` and (if present) `states.epoch`."""
+  arrays = {"seeds": np.asarray(seeds), "gaba_counts": np.asarray(states.gaba_counts)}
+  if data is not None:
+    arrays["data"] = np.asarray(json.dumps(data, sort_keys=True))
+  if getattr(states, "epoch", None) is not None:  # (analysis tools may pass params and counters only)
+    arrays["epoch"] = np.asarray(states.epoch)
+  for keypath, leaf in jax.tree_util.tree_leaves_with_path(states.params):
+    arrays["params/" + "/".join(str(k.key) for k in keypath)] = np.asarray(leaf)
+  np.savez(path, **arrays)
+
+
+def load(path: str | pathlib.Path) -> FinalState:
+  """Reads a file written by `save`; missing optional keys read as None (params as far as present)."""
+  with np.load(path) as f:
+    params: dict = {}
+    for name in f.files:
+      if name.startswith("params/"):
+        *parents, leaf = name.split("/")[1:]
+        node = params
+        for part in parents:
+          node = node.setdefault(part, {})
+        node[leaf] = f[name]
+    get = lambda name: f[name] if name in f.files else None
+    data = get("data")
+    return FinalState(get("seeds"), params, get("gaba_counts"), get("epoch"),
+                      json.loads(str(data)) if data is not None else None, frozenset(f.files))
