@@ -3,39 +3,49 @@
 import setuptools
 
 CORE = [
-    "jax>=0.4.35",
-    "flax>=0.10",
-    "optax>=0.2.4",
-    "chex>=0.1.87",
-    "orbax-checkpoint>=0.10",
-    "absl-py>=2.0",
-    "ml-collections>=0.1.1",
-    "numpy>=1.26",
-    "tensorboardX>=2.6",  # TensorBoard event files of every run's curves, without TensorFlow
+  "jax>=0.4.35",
+  "flax>=0.10",
+  "optax>=0.2.4",
+  "chex>=0.1.87",
+  "orbax-checkpoint>=0.10",
+  "absl-py>=2.0",
+  "ml-collections>=0.1.1",
+  "numpy>=1.26",
+  "tensorboardX>=2.6",  # TensorBoard event files of every run's curves, without TensorFlow
 ]
 
 setuptools.setup(
-    name="sdm_jax",
-    version="0.1.0",
-    description="Sparse Distributed Memory is a Continual Learner (Bricken et al., ICLR 2023) in JAX",
-    long_description=open("README.md").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*", "launch", "launch.*"]),
-    # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/cpu_kernels.py).
-    package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax": ["csrc/*.cc"]},
-    install_requires=CORE,
-    extras_require={
-        # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).
-        # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files.
-        "test": ["pytest>=7", "pytest-xdist>=3", "matplotlib>=3.8",
-                 "tensorflow-datasets>=4.9", "importlib_resources", "pillow>=10", "scikit-learn>=1.3",
-                 "tensorboard>=2.16", "ruff>=0.6"],
-        "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
-        # The JPEG CIFAR-10 stand-in is decoded with Pillow.
-        "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],
-        "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
-        # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
-        "torch": ["torch>=2.4"],
-    },
+  name="sdm_jax",
+  version="0.1.0",
+  description="Sparse Distributed Memory is a Continual Learner (Bricken et al., ICLR 2023) in JAX",
+  long_description=open("README.md").read(),
+  long_description_content_type="text/markdown",
+  python_requires=">=3.10",
+  packages=setuptools.find_packages(
+    include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*", "launch", "launch.*"]
+  ),
+  # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/cpu_kernels.py).
+  package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax": ["csrc/*.cc"]},
+  install_requires=CORE,
+  extras_require={
+    # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).
+    # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files.
+    "test": [
+      "pytest>=7",
+      "pytest-xdist>=3",
+      "matplotlib>=3.8",
+      "tensorflow-datasets>=4.9",
+      "importlib_resources",
+      "pillow>=10",
+      "scikit-learn>=1.3",
+      "tensorboard>=2.16",
+      "ruff>=0.6",
+    ],
+    "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
+    # The JPEG CIFAR-10 stand-in is decoded with Pillow.
+    "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],
+    "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
+    # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
+    "torch": ["torch>=2.4"],
+  },
 )

@@ -40,16 +40,28 @@ _NEURONS = flags.DEFINE_list("neurons", ["1000", "10000"], "Hidden widths r.")
 _EXAMPLES = flags.DEFINE_integer("examples", 12_665, "Examples per epoch (MNIST task 0 has 12,665).")
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per configuration (best is reported).")
-_DATA = flags.DEFINE_enum("data", "mnist", ["mnist", "random"], "Inputs at n = 784: MNIST task 0 (the "
-                          "embedded digits 0 and 1) or random pixels (other sizes are always random).")
+_DATA = flags.DEFINE_enum(
+  "data",
+  "mnist",
+  ["mnist", "random"],
+  "Inputs at n = 784: MNIST task 0 (the embedded digits 0 and 1) or random pixels (other sizes are always random).",
+)
 _THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (layers.kth_largest).")
-_MODES = flags.DEFINE_list("modes", ["switched", "sparse", "sparse_xla", "switching", "linear", "relu", "torch"],
-                           "Which rows to time (torch is skipped when torch is not installed).")
+_MODES = flags.DEFINE_list(
+  "modes",
+  ["switched", "sparse", "sparse_xla", "switching", "linear", "relu", "torch"],
+  "Which rows to time (torch is skipped when torch is not installed).",
+)
 _LR = 0.05
-LABELS = {"switched": "SDMLP k=10 after switch, dense step", "sparse": "SDMLP k=10 after switch, sparse step",
-          "sparse_xla": "SDMLP k=10 after switch, sparse step, XLA kernels",
-          "switching": "SDMLP during switch (all active)", "linear": "SDMLP linear anneal (k=500)",
-          "relu": "ReLU MLP", "torch": "PyTorch eager SDMLP k=10 after switch"}
+LABELS = {
+  "switched": "SDMLP k=10 after switch, dense step",
+  "sparse": "SDMLP k=10 after switch, sparse step",
+  "sparse_xla": "SDMLP k=10 after switch, sparse step, XLA kernels",
+  "switching": "SDMLP during switch (all active)",
+  "linear": "SDMLP linear anneal (k=500)",
+  "relu": "ReLU MLP",
+  "torch": "PyTorch eager SDMLP k=10 after switch",
+}
 
 
 def matmul_rate(batch: int, n: int, r: int, repeats: int = 30, rounds: int = 7) -> float:
@@ -82,8 +94,9 @@ def _spec(mode: str, n: int, r: int) -> models.ModelSpec:
     return models.relu_mlp(n, r, 10)
   if mode == "linear":
     # k_t = 500 at the timed epochs: the traced-k (bisection) path of the annealing phase.
-    return models.sdmlp(n, r, 10, k=10, k_schedule="linear", k_transition_epochs=LINEAR_S,
-                        threshold_method=_THRESHOLD.value)
+    return models.sdmlp(
+      n, r, 10, k=10, k_schedule="linear", k_transition_epochs=LINEAR_S, threshold_method=_THRESHOLD.value
+    )
   return models.sdmlp(n, r, 10, k=10, gaba_switch_activations=1000.0, threshold_method=_THRESHOLD.value)
 
 
@@ -117,8 +130,9 @@ def _sparse_sgd(mode: str) -> sparse.SparseSGD | None:
 def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
   """A function that runs (and waits for) one more epoch; returns mean active units per example."""
   spec = _spec(mode, n, r)
-  tx = optim.make_optimizer("sgd", _LR, projection=functools.partial(models.project_params, spec=spec)
-                            if spec.constrained else None)
+  tx = optim.make_optimizer(
+    "sgd", _LR, projection=functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  )
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
   if mode in ("switched", "sparse", "sparse_xla"):
     states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, 1e9))
@@ -128,8 +142,9 @@ def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
     states = states.replace(epoch=jnp.full_like(states.epoch, _linear_epoch_for_k(r, 500)))
   x, y = map(jnp.asarray, _data(n, examples))
   sizes = jnp.asarray([examples], jnp.int32)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=batch, epochs=1, seed_axis_data=False,
-                                 sparse_sgd=_sparse_sgd(mode))
+  block = train.make_train_block(
+    spec=spec, tx=tx, batch_size=batch, epochs=1, seed_axis_data=False, sparse_sgd=_sparse_sgd(mode)
+  )
   carry = {"states": states}
 
   def run_epoch() -> float:
@@ -224,11 +239,14 @@ def main(argv):
     torch_note = " | torch not installed: no PyTorch row (pip install -e .[torch])"
   elif "torch" in modes:
     import torch
+
     torch_note = f" | torch {torch.__version__} ({torch.get_num_threads()} threads)"
-  print(f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()}, {os.cpu_count()} cpus | "
-        f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind}){torch_note} | "
-        f"N={examples} examples/epoch, batch {batch}, float32 | "
-        f"sparse step kernels: {sparse.SparseSGD(_LR).address_kernel()}")
+  print(
+    f"# {time.strftime('%Y-%m-%d')} | {platform.processor() or platform.machine()}, {os.cpu_count()} cpus | "
+    f"jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind}){torch_note} | "
+    f"N={examples} examples/epoch, batch {batch}, float32 | "
+    f"sparse step kernels: {sparse.SparseSGD(_LR).address_kernel()}"
+  )
   print("| n | r | row | active/ex | epoch s | matmul GFLOP/s | dense floor s | / floor | PyTorch / this |")
   print("|---|---|---|---|---|---|---|---|---|")
   for n in map(int, _INPUT_SIZES.value):
@@ -241,8 +259,11 @@ def main(argv):
       floor = 4 * examples * n * r / best_rate
       for mode, (seconds, _, active) in rows.items():
         vs_torch = f"{rows['torch'][0] / seconds:.2f}" if "torch" in rows else "-"
-        print(f"| {n} | {r} | {LABELS[mode]} | {active:.0f} | {seconds:.3f} | {best_rate / 1e9:.0f} | {floor:.3f} | "
-              f"{seconds / floor:.2f} | {vs_torch} |", flush=True)
+        print(
+          f"| {n} | {r} | {LABELS[mode]} | {active:.0f} | {seconds:.3f} | {best_rate / 1e9:.0f} | {floor:.3f} | "
+          f"{seconds / floor:.2f} | {vs_torch} |",
+          flush=True,
+        )
 
 
 if __name__ == "__main__":

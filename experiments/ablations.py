@@ -49,18 +49,24 @@ def main(argv):
     raise app.UsageError(f"--rows: unknown {unknown}; choose from {list(ablations.ROWS)}")
   if _EPOCHS.value <= 0:
     raise app.UsageError(f"--epochs_per_task must be positive, got {_EPOCHS.value}")
-  configs = studies.ablation_configs(rows, dataset=_DATASET.value, epochs_per_task=_EPOCHS.value, seeds=_SEEDS.value,
-                        data_dir=_DATA_DIR.value)
+  configs = studies.ablation_configs(
+    rows, dataset=_DATASET.value, epochs_per_task=_EPOCHS.value, seeds=_SEEDS.value, data_dir=_DATA_DIR.value
+  )
   workdir = pathlib.Path(_WORKDIR.value)
-  command = (f"python -m experiments.ablations --dataset={_DATASET.value} --rows={','.join(rows)} "
-             f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}")
+  command = (
+    f"python -m experiments.ablations --dataset={_DATASET.value} --rows={','.join(rows)} "
+    f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}"
+  )
   title = f"Table 2 ablations on Split {'MNIST' if _DATASET.value == 'mnist' else 'FashionMNIST'}"
-  all_results = tables.run_rows(configs, workdir, title=title, command=command, seeds=_SEEDS.value,
-                                   filename="ablations.md")
+  all_results = tables.run_rows(
+    configs, workdir, title=title, command=command, seeds=_SEEDS.value, filename="ablations.md"
+  )
   dead = {row: studies.dead_on_test_set(workdir / row, configs[row]) for row in rows}
-  header = ("## Dead units\n\nMean ± s.e.m. over seeds. Silent = no activation during the last training "
-            "epoch (task 5's two classes); dead = summed activation < 1e-4 over all 10,000 test images "
-            "with the final weights.")
+  header = (
+    "## Dead units\n\nMean ± s.e.m. over seeds. Silent = no activation during the last training "
+    "epoch (task 5's two classes); dead = summed activation < 1e-4 over all 10,000 test images "
+    "with the final weights."
+  )
   text = studies.dead_table(all_results, dead, header=header)
   with (workdir / "ablations.md").open("a") as f:
     f.write("\n" + text)

@@ -43,12 +43,15 @@ from sdm_jax import analysis, experiment  # noqa: E402
 
 _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "Run directory of experiments.split_mnist (repeatable).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: FIRST_WORKDIR/analysis).")
-_MAX_EXAMPLES = flags.DEFINE_integer("max_examples", 10_000,
-                                     "Training examples (all tasks, balanced over classes) for the neuron figures.")
+_MAX_EXAMPLES = flags.DEFINE_integer(
+  "max_examples", 10_000, "Training examples (all tasks, balanced over classes) for the neuron figures."
+)
 _NO_UMAP = flags.DEFINE_bool("no_umap", False, "Skip the UMAP figures (the slowest part).")
 _NUM_FIELDS = flags.DEFINE_integer("num_fields", 36, "Receptive fields shown (most active neurons).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the example subset and of UMAP.")
-_NOTE = flags.DEFINE_multi_string("note", [], "A line for the report's notes, e.g. how the runs were made (repeatable).")
+_NOTE = flags.DEFINE_multi_string(
+  "note", [], "A line for the report's notes, e.g. how the runs were made (repeatable)."
+)
 
 DPI = 130
 CLASS_COLORS = plt.get_cmap("tab10")
@@ -85,7 +88,7 @@ def _seeds(run: dict) -> list[int]:
 
 
 def _task_names(run: dict) -> list[str]:
-  """"task j: classes a, b" from the first seed's class order."""
+  """ "task j: classes a, b" from the first seed's class order."""
   cfg = run["config"]
   per = cfg.get("classes_per_task", 2)
   num_tasks = cfg.get("num_classes", 10) // per
@@ -94,7 +97,7 @@ def _task_names(run: dict) -> list[str]:
     order = run["results"]["per_seed"][0].get("class_order")
   if order is None:
     return [f"task {j + 1}" for j in range(num_tasks)]
-  return [f"task {j + 1}: {','.join(str(c) for c in order[j * per:(j + 1) * per])}" for j in range(num_tasks)]
+  return [f"task {j + 1}: {','.join(str(c) for c in order[j * per : (j + 1) * per])}" for j in range(num_tasks)]
 
 
 def _pm(mean: float, sem: float, n: int, fmt: str = ".3f") -> str:
@@ -114,7 +117,7 @@ def _save(fig, out: pathlib.Path, filename: str) -> str:
 
 
 def _band(ax, x, mean, sem, **kwargs):
-  line, = ax.plot(x, mean, **kwargs)
+  (line,) = ax.plot(x, mean, **kwargs)
   if np.any(sem > 0):
     ax.fill_between(x, mean - sem, mean + sem, color=line.get_color(), alpha=0.2, linewidth=0)
   return line
@@ -133,10 +136,24 @@ def plot_accuracy_per_task(run: dict, curves: analysis.Curves, out: pathlib.Path
   fig, ax = plt.subplots(figsize=(8, 4.2))
   names = _task_names(run)
   for j, col in enumerate(analysis.task_columns(curves.mean)):
-    _band(ax, curves.epoch, curves.mean[col], curves.sem[col], color=CLASS_COLORS(j), linewidth=1.4,
-          label=names[j] if j < len(names) else col)
-  _band(ax, curves.epoch, curves.mean["full_accuracy"], curves.sem["full_accuracy"], color="black",
-        linewidth=2.2, label="full test set (10 classes)")
+    _band(
+      ax,
+      curves.epoch,
+      curves.mean[col],
+      curves.sem[col],
+      color=CLASS_COLORS(j),
+      linewidth=1.4,
+      label=names[j] if j < len(names) else col,
+    )
+  _band(
+    ax,
+    curves.epoch,
+    curves.mean["full_accuracy"],
+    curves.sem["full_accuracy"],
+    color="black",
+    linewidth=2.2,
+    label="full test set (10 classes)",
+  )
   _task_lines(ax, curves)
   ax.set_xlabel("epoch (counted over all tasks; dotted lines: task switches)")
   ax.set_ylabel("test accuracy (fraction correct)")
@@ -207,12 +224,27 @@ def plot_full_accuracy_comparison(runs: list[dict], out: pathlib.Path) -> str:
   for i, run in enumerate(runs):
     c = run["curves"]
     n = int(c.num_seeds.max())
-    _band(ax, c.epoch, c.mean["full_accuracy"], c.sem["full_accuracy"], color=f"C{i}", linewidth=1.8,
-          label=f"{run['label']} ({_seeds_note(n)})")
+    _band(
+      ax,
+      c.epoch,
+      c.mean["full_accuracy"],
+      c.sem["full_accuracy"],
+      color=f"C{i}",
+      linewidth=1.8,
+      label=f"{run['label']} ({_seeds_note(n)})",
+    )
   _task_lines(ax, runs[0]["curves"])
   ax.axhline(0.2, color="0.5", linestyle="--", linewidth=0.8)
-  ax.text(0.99, 0.19, "≈ 0.2: only the task in training is recognised", transform=ax.get_yaxis_transform(),
-          fontsize=7, color="0.4", va="top", ha="right")
+  ax.text(
+    0.99,
+    0.19,
+    "≈ 0.2: only the task in training is recognised",
+    transform=ax.get_yaxis_transform(),
+    fontsize=7,
+    color="0.4",
+    va="top",
+    ha="right",
+  )
   ax.set_xlabel("epoch (counted over all tasks; dotted lines: task switches)")
   ax.set_ylabel("accuracy on the full test set (fraction)")
   ax.set_ylim(-0.02, 1.02)
@@ -240,15 +272,28 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   stats, entropies = [], []
   for i in range(len(seeds)):
     logging.info(f"  neurons of seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
-    s = analysis.neuron_statistics(analysis.seed_params(params, i), x, y, spec=spec, num_classes=num_classes,
-                                   gaba_counts=gaba_counts[i], epoch=final_epoch)
+    s = analysis.neuron_statistics(
+      analysis.seed_params(params, i),
+      x,
+      y,
+      spec=spec,
+      num_classes=num_classes,
+      gaba_counts=gaba_counts[i],
+      epoch=final_epoch,
+    )
     stats.append(s)
     entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
-  out = dict(spec=spec, seeds=[int(s) for s in seeds], stats=stats, entropies=entropies, num_examples=len(y),
-             entropy_summary=analysis.summarize_entropy(entropies),
-             alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
-             dead=analysis.mean_sem([analysis.dead_fraction(s.activity_sum) for s in stats]),
-             active=analysis.mean_sem([s.active_per_example for s in stats]))
+  out = dict(
+    spec=spec,
+    seeds=[int(s) for s in seeds],
+    stats=stats,
+    entropies=entropies,
+    num_examples=len(y),
+    entropy_summary=analysis.summarize_entropy(entropies),
+    alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
+    dead=analysis.mean_sem([analysis.dead_fraction(s.activity_sum) for s in stats]),
+    active=analysis.mean_sem([s.active_per_example for s in stats]),
+  )
   kernel = params["hidden"]["kernel"][0]
   shape = analysis.image_shape_for(spec.input_size)
   if shape is not None:
@@ -277,8 +322,14 @@ def plot_activation_histogram(runs: list[dict], out: pathlib.Path) -> str:
     t = totals[run["name"]]
     never = int((t == 0).sum())
     ax.hist(np.log10(t[t > 0]), bins=bins, histtype="stepfilled", alpha=0.35, color=f"C{i}")
-    ax.hist(np.log10(t[t > 0]), bins=bins, histtype="step", linewidth=1.5, color=f"C{i}",
-            label=f"{run['label']}: {never} of {len(t)} neurons never fired")
+    ax.hist(
+      np.log10(t[t > 0]),
+      bins=bins,
+      histtype="step",
+      linewidth=1.5,
+      color=f"C{i}",
+      label=f"{run['label']}: {never} of {len(t)} neurons never fired",
+    )
   n = runs[0]["neurons"]["num_examples"]
   ax.set_xlabel(f"log10(number of activations ≠ 0 of a neuron over {n} training examples)")
   ax.set_ylabel("number of neurons")
@@ -296,11 +347,17 @@ def plot_neuron_entropy(runs: list[dict], out: pathlib.Path) -> str:
     fired = ~np.isnan(ent.entropy)
     pct = 100 * ent.activations[fired] / nr["num_examples"]
     ax.scatter(ent.entropy[fired], pct, s=6, alpha=0.6, color=f"C{i}", linewidths=0)
-    ax.axvline(ent.weighted_mean, color="red", linestyle="--", linewidth=1.2,
-               label=f"weighted mean {ent.weighted_mean:.2f}")
+    ax.axvline(
+      ent.weighted_mean, color="red", linestyle="--", linewidth=1.2, label=f"weighted mean {ent.weighted_mean:.2f}"
+    )
     ax.axvline(ent.mean, color="0.3", linestyle="-.", linewidth=1, label=f"unweighted mean {ent.mean:.2f}")
-    ax.axvline(math.log(run["config"]["num_classes"]), color="0.6", linestyle=":", linewidth=1,
-               label=f"maximum ln {run['config']['num_classes']} = {math.log(run['config']['num_classes']):.2f}")
+    ax.axvline(
+      math.log(run["config"]["num_classes"]),
+      color="0.6",
+      linestyle=":",
+      linewidth=1,
+      label=f"maximum ln {run['config']['num_classes']} = {math.log(run['config']['num_classes']):.2f}",
+    )
     ax.set_xlim(-0.05, math.log(run["config"]["num_classes"]) + 0.1)
     # Log axis: SDM neurons spread over 0.01-100 %, the paper's linear axis squeezes most of them onto 0.
     ax.set_yscale("log")
@@ -311,8 +368,7 @@ def plot_neuron_entropy(runs: list[dict], out: pathlib.Path) -> str:
     ax.set_title(f"{run['label']}\n{ent.num_active} neurons that fire, seed index 0", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
     ax.grid(alpha=0.3)
-  fig.suptitle("Per-neuron class entropy against time active (paper App. Fig. \"InvestigateEntropies\")",
-               fontsize=11)
+  fig.suptitle("Per-neuron class entropy against time active (paper App. Fig. \"InvestigateEntropies\")", fontsize=11)
   return _save(fig, out, "neuron_entropy.png")
 
 
@@ -321,41 +377,73 @@ def plot_receptive_fields(run: dict, out: pathlib.Path) -> str:
   totals = run["neurons"]["stats"][0].counts.sum(0)
   cols = int(math.ceil(math.sqrt(len(idx))))
   rows = int(math.ceil(len(idx) / cols))
-  fig, axes = plt.subplots(rows, cols, figsize=(1.25 * cols, 1.35 * rows + 0.5), squeeze=False,
-                           layout="constrained")
+  fig, axes = plt.subplots(rows, cols, figsize=(1.25 * cols, 1.35 * rows + 0.5), squeeze=False, layout="constrained")
   for ax in axes.flat:
     ax.axis("off")
   for ax, f, j in zip(axes.flat, fields, idx):
     ax.imshow(f, cmap="gray" if f.ndim == 2 else None, vmin=0, vmax=1)
     ax.set_title(f"#{j}: {totals[j]}", fontsize=6, pad=2)
-  fig.suptitle(f"{run['label']}: receptive fields of the {len(idx)} most active neurons\n"
-               "(neuron address reshaped to the image, min-max rescaled per neuron; "
-               "title: neuron #: activations)", fontsize=8)
+  fig.suptitle(
+    f"{run['label']}: receptive fields of the {len(idx)} most active neurons\n"
+    "(neuron address reshaped to the image, min-max rescaled per neuron; "
+    "title: neuron #: activations)",
+    fontsize=8,
+  )
   return _save(fig, out, f"{run['name']}_receptive_fields.png")
 
 
 def plot_umap(run: dict, out: pathlib.Path) -> str:
   u = run["neurons"]["umap"]
   fig, axes = plt.subplots(1, 2, figsize=(12, 5.4))
-  titles = ("(a) UMAP fit on the neuron addresses;\ndata and addresses transformed",
-            "(b) UMAP fit on the data;\nneuron addresses transformed")
+  titles = (
+    "(a) UMAP fit on the neuron addresses;\ndata and addresses transformed",
+    "(b) UMAP fit on the data;\nneuron addresses transformed",
+  )
   for ax, key, title in zip(axes, ("a", "b"), titles):
     data_emb, w_emb = u[key]
-    ax.scatter(data_emb[:, 0], data_emb[:, 1], s=2, c=[CLASS_COLORS(int(c)) for c in u["labels"]], alpha=0.4,
-               linewidths=0, rasterized=True)
-    ax.scatter(w_emb[:, 0], w_emb[:, 1], s=22, marker="^", c=[CLASS_COLORS(int(c)) for c in u["neuron_class"]],
-               edgecolors="black", linewidths=0.5)
+    ax.scatter(
+      data_emb[:, 0],
+      data_emb[:, 1],
+      s=2,
+      c=[CLASS_COLORS(int(c)) for c in u["labels"]],
+      alpha=0.4,
+      linewidths=0,
+      rasterized=True,
+    )
+    ax.scatter(
+      w_emb[:, 0],
+      w_emb[:, 1],
+      s=22,
+      marker="^",
+      c=[CLASS_COLORS(int(c)) for c in u["neuron_class"]],
+      edgecolors="black",
+      linewidths=0.5,
+    )
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("UMAP 1 (arbitrary units)")
     ax.set_ylabel("UMAP 2 (arbitrary units)")
-  handles = [plt.Line2D([], [], marker="o", linestyle="", color=CLASS_COLORS(c), label=f"class {c}")
-             for c in range(run["config"]["num_classes"])]
-  handles.append(plt.Line2D([], [], marker="^", linestyle="", markerfacecolor="white", markeredgecolor="black",
-                            label="neuron (colour: class of\nits most activating example)"))
+  handles = [
+    plt.Line2D([], [], marker="o", linestyle="", color=CLASS_COLORS(c), label=f"class {c}")
+    for c in range(run["config"]["num_classes"])
+  ]
+  handles.append(
+    plt.Line2D(
+      [],
+      [],
+      marker="^",
+      linestyle="",
+      markerfacecolor="white",
+      markeredgecolor="black",
+      label="neuron (colour: class of\nits most activating example)",
+    )
+  )
   axes[1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
   l2 = "L2-normalised " if run["neurons"]["spec"].l2_norm else ""
-  fig.suptitle(f"{run['label']}: {len(u['labels'])} {l2}training images (dots) and {len(u['kept'])} neurons "
-               f"with > {analysis.UMAP_MIN_ACTIVATIONS} activations (triangles), seed index 0", fontsize=10)
+  fig.suptitle(
+    f"{run['label']}: {len(u['labels'])} {l2}training images (dots) and {len(u['kept'])} neurons "
+    f"with > {analysis.UMAP_MIN_ACTIVATIONS} activations (triangles), seed index 0",
+    fontsize=10,
+  )
   return _save(fig, out, f"{run['name']}_umap.png")
 
 
@@ -364,9 +452,11 @@ def plot_umap(run: dict, out: pathlib.Path) -> str:
 
 
 def _run_table(runs: list[dict]) -> list[str]:
-  lines = ["| run | model | workdir | status | epochs/task | seeds | final full-test accuracy | paper (500 epochs/task) "
-           "| forgetting | backward transfer | dead neurons, last epoch | wall time |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| run | model | workdir | status | epochs/task | seeds | final full-test accuracy | paper (500 epochs/task) "
+    "| forgetting | backward transfer | dead neurons, last epoch | wall time |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for run in runs:
     res = run["results"] or {}
     per = [s for s in res.get("per_seed", []) if "final_accuracy" in s]
@@ -381,11 +471,12 @@ def _run_table(runs: list[dict]) -> list[str]:
     paper = run["config"].get("paper_final_accuracy", -1)
     wall = res.get("wall_time_s")
     lines.append(
-        f"| {run['name']} | {run['label']} | `{run['workdir']}` | {res.get('status', 'no results.json')} "
-        f"| {run['config'].get('epochs_per_task')} | {len(_seeds(run))} | {stat('final_accuracy')} "
-        f"| {paper if paper and paper > 0 else 'n/a'} | {stat('forgetting')} | {stat('backward_transfer')} "
-        f"| {_pm(*(100 * float(v) for v in analysis.mean_sem(dead)), len(dead), '.1f') + '%' if dead else 'n/a'} "
-        f"| {f'{wall / 60:.1f} min' if wall else 'n/a'} |")
+      f"| {run['name']} | {run['label']} | `{run['workdir']}` | {res.get('status', 'no results.json')} "
+      f"| {run['config'].get('epochs_per_task')} | {len(_seeds(run))} | {stat('final_accuracy')} "
+      f"| {paper if paper and paper > 0 else 'n/a'} | {stat('forgetting')} | {stat('backward_transfer')} "
+      f"| {_pm(*(100 * float(v) for v in analysis.mean_sem(dead)), len(dead), '.1f') + '%' if dead else 'n/a'} "
+      f"| {f'{wall / 60:.1f} min' if wall else 'n/a'} |"
+    )
   return lines
 
 
@@ -399,10 +490,12 @@ def _top_share(ent: analysis.NeuronEntropy, num: int = 10) -> tuple[float, float
 
 
 def _neuron_table(runs: list[dict]) -> list[str]:
-  lines = ["| run | weighted mean entropy (nats) | mean | median | neurons that fire (> 0.001) "
-           "| alive (≥ 1 activation ≠ 0) | dead (summed activation < 1e-4) | active neurons per example "
-           "| share of activations of the 10 most active neurons (their weighted entropy) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| run | weighted mean entropy (nats) | mean | median | neurons that fire (> 0.001) "
+    "| alive (≥ 1 activation ≠ 0) | dead (summed activation < 1e-4) | active neurons per example "
+    "| share of activations of the 10 most active neurons (their weighted entropy) |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
   for run in runs:
     nr = run.get("neurons")
     if nr is None:
@@ -414,49 +507,73 @@ def _neuron_table(runs: list[dict]) -> list[str]:
     top = [_top_share(e) for e in nr["entropies"]]
     top_share, top_h = analysis.mean_sem([t[0] for t in top]), analysis.mean_sem([t[1] for t in top])
     lines.append(
-        f"| {run['name']} | **{_pm(*es['weighted_mean'], n)}** | {_pm(*es['mean'], n)} | {_pm(*es['median'], n)} "
-        f"| {_pm(*fire, n, '.0f')} / {nr['spec'].neurons} | {_pm(*(100 * v for v in nr['alive']), n, '.1f')}% "
-        f"| {_pm(*(100 * v for v in nr['dead']), n, '.1f')}% | {_pm(*nr['active'], n, '.1f')} "
-        f"| {_pm(*(100 * v for v in top_share), n, '.1f')}% ({_pm(*top_h, n, '.2f')}) |")
+      f"| {run['name']} | **{_pm(*es['weighted_mean'], n)}** | {_pm(*es['mean'], n)} | {_pm(*es['median'], n)} "
+      f"| {_pm(*fire, n, '.0f')} / {nr['spec'].neurons} | {_pm(*(100 * v for v in nr['alive']), n, '.1f')}% "
+      f"| {_pm(*(100 * v for v in nr['dead']), n, '.1f')}% | {_pm(*nr['active'], n, '.1f')} "
+      f"| {_pm(*(100 * v for v in top_share), n, '.1f')}% ({_pm(*top_h, n, '.2f')}) |"
+    )
   return lines
 
 
-def write_report(runs: list[dict], figures: list[tuple[str, str]], notes: list[str], out: pathlib.Path,
-                 argv: list[str], max_examples: int) -> pathlib.Path:
+def write_report(
+  runs: list[dict],
+  figures: list[tuple[str, str]],
+  notes: list[str],
+  out: pathlib.Path,
+  argv: list[str],
+  max_examples: int,
+) -> pathlib.Path:
   now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-  lines = [f"# Analysis: {', '.join(r['label'] for r in runs)}", "",
-           f"Generated {now} by `python -m experiments.analyze {' '.join(argv)}`.", "",
-           "Numbers with ± are mean ± standard error of the mean over seeds; a single seed has no ±.",
-           "Accuracies are fractions of the test set (class-incremental: one 10-way head, no task labels).", "",
-           "## Runs", "", *_run_table(runs), ""]
+  lines = [
+    f"# Analysis: {', '.join(r['label'] for r in runs)}",
+    "",
+    f"Generated {now} by `python -m experiments.analyze {' '.join(argv)}`.",
+    "",
+    "Numbers with ± are mean ± standard error of the mean over seeds; a single seed has no ±.",
+    "Accuracies are fractions of the test set (class-incremental: one 10-way head, no task labels).",
+    "",
+    "## Runs",
+    "",
+    *_run_table(runs),
+    "",
+  ]
   measured = [r for r in runs if r.get("neurons")]
   lines += ["## Neurons of the final models", ""]
   if measured:
     n_ex = measured[0]["neurons"]["num_examples"]
-    lines += [f"Computed on {n_ex} training examples drawn evenly from the 10 classes (every task's training data; "
-              f"--max_examples={max_examples}), passed through each seed's final parameters (`final_state.npz`). "
-              "Entropy as the authors' notebook (TrentBrick/SDMContinualLearner, notebooks/"
-              "Targeted_InvestigatingContinualLearning.ipynb): a neuron is active on an example when its "
-              "post-Top-K activation is > 0.001; its class distribution p over the 10 classes (zeros replaced by "
-              "1e-15) has entropy −Σ p ln p in nats (maximum ln 10 = 2.303); neurons that never fire are left out; "
-              "the weighted mean weights each neuron by its share of all activations (paper Table 10).", ""]
+    lines += [
+      f"Computed on {n_ex} training examples drawn evenly from the 10 classes (every task's training data; "
+      f"--max_examples={max_examples}), passed through each seed's final parameters (`final_state.npz`). "
+      "Entropy as the authors' notebook (TrentBrick/SDMContinualLearner, notebooks/"
+      "Targeted_InvestigatingContinualLearning.ipynb): a neuron is active on an example when its "
+      "post-Top-K activation is > 0.001; its class distribution p over the 10 classes (zeros replaced by "
+      "1e-15) has entropy −Σ p ln p in nats (maximum ln 10 = 2.303); neurons that never fire are left out; "
+      "the weighted mean weights each neuron by its share of all activations (paper Table 10).",
+      "",
+    ]
   lines += [*_neuron_table(runs), ""]
-  lines += ["Paper Table 10 for context (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM, 2,000 epochs "
-            "per task — a different data set and schedule from these runs): weighted mean entropy "
-            f"SDMLP {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp']:.2f}, "
-            f"ReLU {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['relu']:.2f} "
-            f"(Top-K {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['topk']:.2f}, "
-            f"SDMLP linear mask {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp_linear_mask']:.2f}, "
-            f"SDMLP no L2 norm {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp_no_l2']:.2f}). "
-            "Lower means neurons specialise in fewer classes. The reference's alive fractions (Split CIFAR10 "
-            "investigation runs, 1,500 epochs): SDM 99.4%, Top-K 44.8%, ReLU 100%.", ""]
+  lines += [
+    "Paper Table 10 for context (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM, 2,000 epochs "
+    "per task — a different data set and schedule from these runs): weighted mean entropy "
+    f"SDMLP {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp']:.2f}, "
+    f"ReLU {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['relu']:.2f} "
+    f"(Top-K {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['topk']:.2f}, "
+    f"SDMLP linear mask {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp_linear_mask']:.2f}, "
+    f"SDMLP no L2 norm {analysis.PAPER_WEIGHTED_ENTROPY_CIFAR10['sdmlp_no_l2']:.2f}). "
+    "Lower means neurons specialise in fewer classes. The reference's alive fractions (Split CIFAR10 "
+    "investigation runs, 1,500 epochs): SDM 99.4%, Top-K 44.8%, ReLU 100%.",
+    "",
+  ]
   by_kind = {r["config"]["model"]["kind"]: r for r in measured}
   if "sdmlp" in by_kind and "relu" in by_kind:
     s = by_kind["sdmlp"]["neurons"]["entropy_summary"]["weighted_mean"][0]
     r = by_kind["relu"]["neurons"]["entropy_summary"]["weighted_mean"][0]
     verdict = "below" if s < r else "NOT below"
-    lines += [f"**Weighted mean neuron entropy: SDMLP {s:.3f} vs ReLU {r:.3f} nats — the SDMLP's is {verdict} "
-              f"the ReLU's** (paper, CIFAR10: 0.99 vs 2.25).", ""]
+    lines += [
+      f"**Weighted mean neuron entropy: SDMLP {s:.3f} vs ReLU {r:.3f} nats — the SDMLP's is {verdict} "
+      f"the ReLU's** (paper, CIFAR10: 0.99 vs 2.25).",
+      "",
+    ]
   if notes:
     lines += ["## Notes", "", *[f"- {n}" for n in notes], ""]
   lines += ["## Figures", ""]
@@ -470,9 +587,17 @@ def write_report(runs: list[dict], figures: list[tuple[str, str]], notes: list[s
 # ----------------------------------------------------------------------------------------------------------
 
 
-def analyze(workdirs: list[str], out: str | pathlib.Path | None = None, *, max_examples: int = 10_000,
-            do_umap: bool = True, num_fields: int = 36, seed: int = 0, argv: list[str] | None = None,
-            notes: list[str] | None = None) -> pathlib.Path:
+def analyze(
+  workdirs: list[str],
+  out: str | pathlib.Path | None = None,
+  *,
+  max_examples: int = 10_000,
+  do_umap: bool = True,
+  num_fields: int = 36,
+  seed: int = 0,
+  argv: list[str] | None = None,
+  notes: list[str] | None = None,
+) -> pathlib.Path:
   """Reads the runs, writes every figure and report.md into `out`; returns the report's path."""
   runs = [analysis.load_run(w) for w in workdirs]
   _name_runs(runs)
@@ -489,68 +614,118 @@ def analyze(workdirs: list[str], out: str | pathlib.Path | None = None, *, max_e
     n = int(run["curves"].num_seeds.max())
     last = {c: run["curves"].mean[c][-1] for c in ("full_accuracy",)}
     f = plot_accuracy_per_task(run, run["curves"], out)
-    figures.append((f, f"{run['label']}: test accuracy on each task's classes (coloured) and on the full 10-class "
-                       f"test set (black) after every evaluation, {_seeds_note(n)}; last full-test accuracy "
-                       f"{last['full_accuracy']:.3f}. Paper Fig. 3 style."))
+    figures.append(
+      (
+        f,
+        f"{run['label']}: test accuracy on each task's classes (coloured) and on the full 10-class "
+        f"test set (black) after every evaluation, {_seeds_note(n)}; last full-test accuracy "
+        f"{last['full_accuracy']:.3f}. Paper Fig. 3 style.",
+      )
+    )
     if run["results"]:
       m = plot_accuracy_matrix(run, out)
       if m:
         f, mean = m
-        figures.append((f, f"{run['label']}: accuracy on task j (column) after training on task i (row), "
-                           f"{_seeds_note(n)}; diagonal mean {np.mean(np.diag(mean)):.3f}, "
-                           f"last row mean {mean[-1].mean():.3f}."))
+        figures.append(
+          (
+            f,
+            f"{run['label']}: accuracy on task j (column) after training on task i (row), "
+            f"{_seeds_note(n)}; diagonal mean {np.mean(np.diag(mean)):.3f}, "
+            f"last row mean {mean[-1].mean():.3f}.",
+          )
+        )
 
   curved = [r for r in runs if r["rows"]]
   if curved:
     f = plot_dead_neurons(curved, out)
-    figures.append((f, "Dead neurons (summed activation over an epoch's training batches, i.e. the current task's, < 1e-4, "
-                       "the authors' rule) "
-                       "and mean active neurons per training example, per evaluation; last values: "
-                       + "; ".join(f"{r['label']} {100 * r['curves'].mean['dead_fraction'][-1]:.1f}% dead, "
-                                   f"{r['curves'].mean['active_per_example'][-1]:.1f} active/example"
-                                   for r in curved) + "."))
+    figures.append(
+      (
+        f,
+        "Dead neurons (summed activation over an epoch's training batches, i.e. the current task's, < 1e-4, "
+        "the authors' rule) "
+        "and mean active neurons per training example, per evaluation; last values: "
+        + "; ".join(
+          f"{r['label']} {100 * r['curves'].mean['dead_fraction'][-1]:.1f}% dead, "
+          f"{r['curves'].mean['active_per_example'][-1]:.1f} active/example"
+          for r in curved
+        )
+        + ".",
+      )
+    )
   if len(curved) > 1:
     f = plot_full_accuracy_comparison(curved, out)
-    figures.append((f, "Full-test accuracy of every run against epochs; last values: "
-                       + "; ".join(f"{r['label']} {r['curves'].mean['full_accuracy'][-1]:.3f}" for r in curved)
-                       + "."))
+    figures.append(
+      (
+        f,
+        "Full-test accuracy of every run against epochs; last values: "
+        + "; ".join(f"{r['label']} {r['curves'].mean['full_accuracy'][-1]:.3f}" for r in curved)
+        + ".",
+      )
+    )
 
   for run in runs:
     if run["final_state"] is None:
       run["neuron_note"] = "no final_state.npz in the workdir"
-      notes.append(f"{run['name']}: no final_state.npz in {run['workdir']} (run unfinished, or written before "
-                   "final states were saved): activation counts, entropy, UMAP and receptive fields skipped.")
+      notes.append(
+        f"{run['name']}: no final_state.npz in {run['workdir']} (run unfinished, or written before "
+        "final states were saved): activation counts, entropy, UMAP and receptive fields skipped."
+      )
       continue
     logging.info(f"{run['name']}: neuron statistics")
-    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap,
-                                     num_fields=num_fields)
+    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap, num_fields=num_fields)
   measured = [r for r in runs if r.get("neurons")]
   if measured:
     f = plot_activation_histogram(measured, out)
-    figures.append((f, "Histogram over neurons of log10(number of activations ≠ 0) on the analysis examples "
-                       "(as the reference notebook), seed index 0; never-firing neurons counted in the legend; "
-                       "alive fractions: " + "; ".join(
-                           f"{r['label']} {100 * analysis.alive_fraction(r['neurons']['stats'][0].counts):.1f}%"
-                           for r in measured) + "."))
+    figures.append(
+      (
+        f,
+        "Histogram over neurons of log10(number of activations ≠ 0) on the analysis examples "
+        "(as the reference notebook), seed index 0; never-firing neurons counted in the legend; "
+        "alive fractions: "
+        + "; ".join(
+          f"{r['label']} {100 * analysis.alive_fraction(r['neurons']['stats'][0].counts):.1f}%" for r in measured
+        )
+        + ".",
+      )
+    )
     f = plot_neuron_entropy(measured, out)
-    figures.append((f, "Each dot a neuron: class entropy of the examples it is active on (> 0.001) against the "
-                       "% of examples it is active on (\"time in the Top-K\"), seed index 0; red: weighted mean "
-                       "entropy (Table 10 metric): " + "; ".join(
-                           f"{r['label']} {r['neurons']['entropies'][0].weighted_mean:.3f}" for r in measured) + "."))
+    figures.append(
+      (
+        f,
+        "Each dot a neuron: class entropy of the examples it is active on (> 0.001) against the "
+        "% of examples it is active on (\"time in the Top-K\"), seed index 0; red: weighted mean "
+        "entropy (Table 10 metric): "
+        + "; ".join(f"{r['label']} {r['neurons']['entropies'][0].weighted_mean:.3f}" for r in measured)
+        + ".",
+      )
+    )
   for run in measured:
     if "fields" in run["neurons"]:
       f = plot_receptive_fields(run, out)
-      figures.append((f, f"{run['label']}: addresses of the {len(run['neurons']['fields'][1])} most active neurons "
-                         "(columns of the hidden kernel) as 28×28 images, each min-max rescaled; seed index 0."))
+      figures.append(
+        (
+          f,
+          f"{run['label']}: addresses of the {len(run['neurons']['fields'][1])} most active neurons "
+          "(columns of the hidden kernel) as 28×28 images, each min-max rescaled; seed index 0.",
+        )
+      )
     if "umap" in run["neurons"]:
       f = plot_umap(run, out)
-      figures.append((f, f"{run['label']}: UMAP (default hyperparameters, random_state={seed}) of the analysis "
-                         "examples (dots, coloured by class) and of the neurons with > 10 activations (triangles, "
-                         "coloured by the class of their most activating example); (a) fit on the addresses, "
-                         "(b) fit on the data. Seed index 0."
-                         + ("" if run["neurons"]["spec"].l2_norm and run["neurons"]["spec"].positive_weights else
-                            " This model's addresses are signed and not unit-norm, so they need not lie near the "
-                            "data: in (b) they can collapse onto a few points.")))
+      figures.append(
+        (
+          f,
+          f"{run['label']}: UMAP (default hyperparameters, random_state={seed}) of the analysis "
+          "examples (dots, coloured by class) and of the neurons with > 10 activations (triangles, "
+          "coloured by the class of their most activating example); (a) fit on the addresses, "
+          "(b) fit on the data. Seed index 0."
+          + (
+            ""
+            if run["neurons"]["spec"].l2_norm and run["neurons"]["spec"].positive_weights
+            else " This model's addresses are signed and not unit-norm, so they need not lie near the "
+            "data: in (b) they can collapse onto a few points."
+          ),
+        )
+      )
     elif "umap_note" in run["neurons"]:
       notes.append(f"{run['name']}: UMAP skipped: {run['neurons']['umap_note']}.")
   if not do_umap:
@@ -565,9 +740,16 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _WORKDIRS.value:
     raise app.UsageError("give at least one --workdir")
-  analyze(_WORKDIRS.value, _OUT.value, max_examples=_MAX_EXAMPLES.value, do_umap=not _NO_UMAP.value,
-          num_fields=_NUM_FIELDS.value, seed=_SEED.value, notes=_NOTE.value,
-          argv=[a for a in sys.argv[1:] if not a.startswith("--note")])  # notes are in the report already
+  analyze(
+    _WORKDIRS.value,
+    _OUT.value,
+    max_examples=_MAX_EXAMPLES.value,
+    do_umap=not _NO_UMAP.value,
+    num_fields=_NUM_FIELDS.value,
+    seed=_SEED.value,
+    notes=_NOTE.value,
+    argv=[a for a in sys.argv[1:] if not a.startswith("--note")],
+  )  # notes are in the report already
 
 
 if __name__ == "__main__":

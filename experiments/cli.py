@@ -14,8 +14,9 @@ from sdm_jax import experiment
 
 def main(default_config: str, default_workdir: str) -> None:
   """Defines --config and --workdir with these defaults, parses the command line and runs."""
-  config = config_flags.DEFINE_config_file("config", default_config,
-                                           "Config file and variant, e.g. file.py:sdmlp,quick.")
+  config = config_flags.DEFINE_config_file(
+    "config", default_config, "Config file and variant, e.g. file.py:sdmlp,quick."
+  )
   workdir = flags.DEFINE_string("workdir", default_workdir, "Where the run writes (and resumes from).")
 
   def run(argv):

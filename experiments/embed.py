@@ -28,6 +28,7 @@ from sdm_jax.data import embeddings
 
 def embedder_dir(path) -> pathlib.Path:
   from experiments import train_convmixer  # pylint: disable=g-import-not-at-top
+
   path = pathlib.Path(path).absolute()
   return path / train_convmixer.EMBEDDER_DIR if (path / train_convmixer.EMBEDDER_DIR).is_dir() else path
 
@@ -47,10 +48,12 @@ def embedder_key(path) -> str:
   return h.hexdigest()
 
 
-def embed_dataset(embedder, dataset: str, out=None, *, data_dir=None, batch_size: int = 1000,
-                  num_devices: int | None = None) -> tuple[pathlib.Path, bool]:
+def embed_dataset(
+  embedder, dataset: str, out=None, *, data_dir=None, batch_size: int = 1000, num_devices: int | None = None
+) -> tuple[pathlib.Path, bool]:
   """Writes (or reuses) the embedding file; returns (path, whether it was computed now)."""
   from experiments import train_convmixer  # pylint: disable=g-import-not-at-top
+
   key = embedder_key(embedder)
   out = pathlib.Path(out) if out else embedder_dir(embedder) / "embeddings" / f"{dataset}-{key[:16]}.npz"
   start = time.perf_counter()
@@ -61,23 +64,35 @@ def embed_dataset(embedder, dataset: str, out=None, *, data_dir=None, batch_size
     logging.info(f"cached: {out} (embedder key {key[:16]}, {ds['source']})")
     return out, False
   if old is not None:
-    logging.info(f"stale: {out} was made by embedder key {str(old.get('embedder_key'))[:16]} from "
-         f"{old.get('dataset')!r}; recomputing")
+    logging.info(
+      f"stale: {out} was made by embedder key {str(old.get('embedder_key'))[:16]} from "
+      f"{old.get('dataset')!r}; recomputing"
+    )
   model, variables, meta = train_convmixer.load_embedder(embedder)
   mesh = convmixer.data_mesh(num_devices)
   result = {}
   for split in ("train", "test"):
-    result[split] = convmixer.embed_arrays(model, variables, ds[f"{split}_images"], mesh=mesh,
-                                           batch_size=batch_size)
+    result[split] = convmixer.embed_arrays(model, variables, ds[f"{split}_images"], mesh=mesh, batch_size=batch_size)
   embeddings.save_embeddings(
-      out, train_embeddings=result["train"], train_labels=ds["train_labels"], test_embeddings=result["test"],
-      test_labels=ds["test_labels"],
-      meta=dict(wanted, lossy=bool(ds.get("lossy", False)), embedder=str(embedder_dir(embedder)),
-                dim=int(result["train"].shape[1]),
-                num_classes=int(ds.get("num_classes", int(ds["train_labels"].max()) + 1)),
-                embedder_dataset=meta.get("dataset"), embedder_test_accuracy=meta.get("test_accuracy")))
-  logging.info(f"wrote {out}: train {result['train'].shape}, test {result['test'].shape} in "
-       f"{time.perf_counter() - start:.1f}s; embedder key {key[:16]}; data: {ds['source']}")
+    out,
+    train_embeddings=result["train"],
+    train_labels=ds["train_labels"],
+    test_embeddings=result["test"],
+    test_labels=ds["test_labels"],
+    meta=dict(
+      wanted,
+      lossy=bool(ds.get("lossy", False)),
+      embedder=str(embedder_dir(embedder)),
+      dim=int(result["train"].shape[1]),
+      num_classes=int(ds.get("num_classes", int(ds["train_labels"].max()) + 1)),
+      embedder_dataset=meta.get("dataset"),
+      embedder_test_accuracy=meta.get("test_accuracy"),
+    ),
+  )
+  logging.info(
+    f"wrote {out}: train {result['train'].shape}, test {result['test'].shape} in "
+    f"{time.perf_counter() - start:.1f}s; embedder key {key[:16]}; data: {ds['source']}"
+  )
   return out, True
 
 

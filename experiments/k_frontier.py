@@ -38,16 +38,21 @@ def main(argv):
     raise app.UsageError(f"--epochs_per_task must be positive, got {_EPOCHS.value}")
   configs = studies.k_frontier_configs(ks, epochs_per_task=_EPOCHS.value, seeds=_SEEDS.value)
   workdir = pathlib.Path(_WORKDIR.value)
-  command = (f"python -m experiments.k_frontier --ks={','.join(map(str, ks))} "
-             f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}")
-  all_results = tables.run_rows(configs, workdir, title="k frontier rows (Split MNIST)", command=command,
-                                seeds=_SEEDS.value, filename="rows.md")
+  command = (
+    f"python -m experiments.k_frontier --ks={','.join(map(str, ks))} "
+    f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}"
+  )
+  all_results = tables.run_rows(
+    configs, workdir, title="k frontier rows (Split MNIST)", command=command, seeds=_SEEDS.value, filename="rows.md"
+  )
   summary = studies.k_frontier_summary(all_results, ks)
-  header = (f"# k frontier on Split MNIST (1K neurons, {_EPOCHS.value} epochs per task)\n\n"
-            f"Command: `{command}`. Mean ± s.e.m. over seeds {', '.join(_SEEDS.value)}. NCL = the same model "
-            "and epochs on all ten classes as one task; CL = class-incremental Split MNIST, final full-test "
-            "accuracy; first-task = accuracy on task 1 right after learning it; forgetting = max over earlier "
-            "task-end evaluations − final.")
+  header = (
+    f"# k frontier on Split MNIST (1K neurons, {_EPOCHS.value} epochs per task)\n\n"
+    f"Command: `{command}`. Mean ± s.e.m. over seeds {', '.join(_SEEDS.value)}. NCL = the same model "
+    "and epochs on all ten classes as one task; CL = class-incremental Split MNIST, final full-test "
+    "accuracy; first-task = accuracy on task 1 right after learning it; forgetting = max over earlier "
+    "task-end evaluations − final."
+  )
   text = studies.k_frontier_markdown(summary, header=header)
   (workdir / "k_frontier.md").write_text(text)
   studies.plot_k_frontier(summary, workdir / "k_frontier.png")

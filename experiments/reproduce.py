@@ -45,24 +45,38 @@ from experiments import tables
 from experiments.configs import split_cifar
 from sdm_jax import pretrained
 
-TABLES = {"split_mnist": "Table 7 (Split MNIST)", "split_fashion_mnist": "Table 8 (Split FashionMNIST)",
-          **split_cifar.TABLE_TITLES}
+TABLES = {
+  "split_mnist": "Table 7 (Split MNIST)",
+  "split_fashion_mnist": "Table 8 (Split FashionMNIST)",
+  **split_cifar.TABLE_TITLES,
+}
 CONFIG_MODULES = {table: "split_cifar" for table in split_cifar.TABLE_ROWS}  # else experiments/configs/<table>.py
 
 _TABLE = flags.DEFINE_enum("table", "split_mnist", list(TABLES), "Which paper table to reproduce.")
 _ROWS = flags.DEFINE_list("rows", [], "Rows (config variants) to run; default: every row of the table.")
 _EPOCHS = flags.DEFINE_integer("epochs_per_task", 0, "Shorter schedule (0 = the paper's 500).")
 _ORACLE_EPOCHS = flags.DEFINE_integer("oracle_epochs", 0, "Epochs of the Oracle rows (0 = the config's).")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (run as one program per row). CIFAR tables "
-                           "default to the config's: the reference's class orders 0 (ordinal), 3, 15, 27, 97.")
+_SEEDS = flags.DEFINE_list(
+  "seeds",
+  ["0", "1", "2"],
+  "Seeds (run as one program per row). CIFAR tables "
+  "default to the config's: the reference's class orders 0 (ordinal), 3, 15, 27, 97.",
+)
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "Dataset folder (Fashion-MNIST); see the README.")
-_PRETRAINED_DIR = flags.DEFINE_string("pretrained_dir", "", "CIFAR tables: folder holding one "
-                                      "experiments.pretrain workdir per pretrain variant.")
+_PRETRAINED_DIR = flags.DEFINE_string(
+  "pretrained_dir", "", "CIFAR tables: folder holding one experiments.pretrain workdir per pretrain variant."
+)
 _DATASET = flags.DEFINE_string("override_dataset", "", "Override every row's dataset (e.g. cifar10_jpeg).")
-_INPUT_SIZE = flags.DEFINE_integer("override_input_size", 0, "Override every row's model.input_size (embeddings of "
-                                   "another width than 256); 0 = the config's.")
-_TABULATE_ONLY = flags.DEFINE_bool("tabulate_only", False, "Run nothing: rewrite the table and figure "
-                                    "from the rows already finished in --workdir with the same config.")
+_INPUT_SIZE = flags.DEFINE_integer(
+  "override_input_size",
+  0,
+  "Override every row's model.input_size (embeddings of another width than 256); 0 = the config's.",
+)
+_TABULATE_ONLY = flags.DEFINE_bool(
+  "tabulate_only",
+  False,
+  "Run nothing: rewrite the table and figure from the rows already finished in --workdir with the same config.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/sdm_jax/reproduce", "Where rows and the table are written.")
 
 
@@ -79,10 +93,17 @@ def main(argv):
   if table in CONFIG_MODULES and not flags.FLAGS["seeds"].present:  # the reference's class orders
     seeds = [str(s) for s in module.get_config(rows[0]).seeds]
   table_rows = list(getattr(module, "TABLE_ROWS", {}).get(table, module.ROWS))
-  all_configs = {row: tables.row_config(module, row, epochs_per_task=_EPOCHS.value,
-                                        oracle_epochs=_ORACLE_EPOCHS.value, seeds=seeds,
-                                        data_dir=_DATA_DIR.value)
-                 for row in dict.fromkeys(table_rows + rows)}
+  all_configs = {
+    row: tables.row_config(
+      module,
+      row,
+      epochs_per_task=_EPOCHS.value,
+      oracle_epochs=_ORACLE_EPOCHS.value,
+      seeds=seeds,
+      data_dir=_DATA_DIR.value,
+    )
+    for row in dict.fromkeys(table_rows + rows)
+  }
   configs = {row: all_configs[row] for row in rows}
   for row, config in all_configs.items():
     if _DATASET.value and config.model.kind != "flymodel":
@@ -94,19 +115,29 @@ def main(argv):
     if config.get("pretrained") and row in configs and not _TABULATE_ONLY.value:
       # Refuse a missing pretrain before spending an hour on the other rows.
       pretrained.load(config.pretrained)
-  command = (f"python -m experiments.reproduce --table={table}"
-             + (" --tabulate_only" if _TABULATE_ONLY.value else f" --rows={','.join(rows)}")
-             + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
-             + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
-             + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
-             + (f" --override_dataset={_DATASET.value}" if _DATASET.value else "")
-             + (f" --override_input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
-             + f" --seeds={','.join(seeds)}")
+  command = (
+    f"python -m experiments.reproduce --table={table}"
+    + (" --tabulate_only" if _TABULATE_ONLY.value else f" --rows={','.join(rows)}")
+    + (f" --epochs_per_task={_EPOCHS.value}" if _EPOCHS.value else "")
+    + (f" --oracle_epochs={_ORACLE_EPOCHS.value}" if _ORACLE_EPOCHS.value else "")
+    + (f" --pretrained_dir={_PRETRAINED_DIR.value}" if _PRETRAINED_DIR.value else "")
+    + (f" --override_dataset={_DATASET.value}" if _DATASET.value else "")
+    + (f" --override_input_size={_INPUT_SIZE.value}" if _INPUT_SIZE.value else "")
+    + f" --seeds={','.join(seeds)}"
+  )
   workdir = pathlib.Path(_WORKDIR.value)
   # Every row of the table that finished in the workdir with the same config is tabulated, so
   # processes sharing a workdir (one per core) each write the whole table so far.
-  tables.run_rows(configs, workdir, title=TABLES[table], command=command, seeds=seeds, filename=f"{table}.md",
-                  also_show=all_configs, run=not _TABULATE_ONLY.value)
+  tables.run_rows(
+    configs,
+    workdir,
+    title=TABLES[table],
+    command=command,
+    seeds=seeds,
+    filename=f"{table}.md",
+    also_show=all_configs,
+    run=not _TABULATE_ONLY.value,
+  )
 
 
 if __name__ == "__main__":

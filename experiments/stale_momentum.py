@@ -76,8 +76,10 @@ def plot_moments(path: str) -> None:
   adam, rms = sm.simulate("adam", g), sm.simulate("rmsprop", g)
   t = np.arange(STEPS)
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-  panels = ((axes[0], adam, "Adam", "m̂_t = m_t/(1−β1)", "√v̂_t = √(v_t/(1−β2))", "#b35900", "#ffb366"),
-            (axes[1], rms, "RMSProp", "g_t", "√v_t", "#1a6b1a", "#7fd67f"))
+  panels = (
+    (axes[0], adam, "Adam", "m̂_t = m_t/(1−β1)", "√v̂_t = √(v_t/(1−β2))", "#b35900", "#ffb366"),
+    (axes[1], rms, "RMSProp", "g_t", "√v_t", "#1a6b1a", "#7fd67f"),
+  )
   for ax, tr, name, num_label, den_label, dark, light in panels:
     _mark_injections(ax, PANEL_B_TIMES)
     ax.plot(t, tr.numerator, "o", ms=3.5, color=dark, label=f"numerator {num_label}")
@@ -96,10 +98,8 @@ def plot_amplification(path: str) -> None:
   """Panel (c): Δ − g over the notebook's gaps, and Δ/g over long gaps."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   for opt in sm.OPTIMIZERS:
-    axes[0].plot(NOTEBOOK_GAPS, sm.gradient_delta(opt, NOTEBOOK_GAPS), lw=2.5,
-                 color=COLORS[opt], label=LABELS[opt])
-    axes[1].plot(LONG_GAPS, sm.amplification(opt, LONG_GAPS), lw=2.5, color=COLORS[opt],
-                 label=LABELS[opt])
+    axes[0].plot(NOTEBOOK_GAPS, sm.gradient_delta(opt, NOTEBOOK_GAPS), lw=2.5, color=COLORS[opt], label=LABELS[opt])
+    axes[1].plot(LONG_GAPS, sm.amplification(opt, LONG_GAPS), lw=2.5, color=COLORS[opt], label=LABELS[opt])
   axes[0].set_yscale("log")
   axes[0].set_xlabel("quiescence gap (steps since the last firing)")
   axes[0].set_ylabel("Δ − g at the next firing (gradient units, log10)")
@@ -109,8 +109,9 @@ def plot_amplification(path: str) -> None:
   ax.set_xscale("log")
   ax.set_yscale("log")
   for opt in ("rmsprop", "adam"):
-    ax.axhline(PAPER[opt], color=COLORS[opt], ls="--", lw=1,
-               label=f"paper's {opt} value {PAPER[opt]:g}x (= gap → ∞ limit)")
+    ax.axhline(
+      PAPER[opt], color=COLORS[opt], ls="--", lw=1, label=f"paper's {opt} value {PAPER[opt]:g}x (= gap → ∞ limit)"
+    )
   ax.axvline(100, color="0.5", ls=":", lw=1, label="gap = 100 steps")
   ax.set_xlabel("quiescence gap (steps since the last firing, log10)")
   ax.set_ylabel("amplification Δ / g at the next firing (×, log10)")
@@ -132,10 +133,12 @@ def readme() -> str:
     amps = sm.amplification(opt, np.array(REPORT_GAPS))
     dense = sm.next_firing_update(opt, 100) / sm.dense_update(opt)
     paper = f"{PAPER[opt]:g}x" if PAPER[opt] else "-"
-    rows += (f"| {opt} | " + " | ".join(f"{a:.3g}x" for a in amps)
-             + f" | {sm.limit_amplification(opt):.3g}x | {paper} | {dense:.3g}x |\n")
-  lazy = ", ".join(f"{opt} {sm.amplification(opt, 1, lazy=True):.3g}x"
-                   for opt in ("rmsprop", "adam", "sgdm"))
+    rows += (
+      f"| {opt} | "
+      + " | ".join(f"{a:.3g}x" for a in amps)
+      + f" | {sm.limit_amplification(opt):.3g}x | {paper} | {dense:.3g}x |\n"
+    )
+  lazy = ", ".join(f"{opt} {sm.amplification(opt, 1, lazy=True):.3g}x" for opt in ("rmsprop", "adam", "sgdm"))
   lazy_adam = f"{sm.amplification('adam', 1, lazy=True):.3g}x"
   return f"""# Stale-momentum toy (paper App. "Stale Momentum", toy figure panels a-c)
 

@@ -38,6 +38,7 @@ OPTIMIZER_ROWS = ("sgd", "sgdm", "adam", "rmsprop", "lazy_sgdm", "lazy_adam", "l
 def plot_dead_neurons(all_results: dict, path: pathlib.Path, *, epochs_per_task: int) -> None:
   """Units silent on the current task (mean over seeds) against epoch: optimisers left, the rest right."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -84,9 +85,14 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
   spec = experiment.model_spec(config)
   dead = []
   for i in range(len(seeds)):
-    stats = analysis.neuron_statistics(analysis.seed_params(params, i), dataset["test_images"],
-                                       dataset["test_labels"], spec=spec, num_classes=config.num_classes,
-                                       gaba_counts=gaba_counts[i])
+    stats = analysis.neuron_statistics(
+      analysis.seed_params(params, i),
+      dataset["test_images"],
+      dataset["test_labels"],
+      spec=spec,
+      num_classes=config.num_classes,
+      gaba_counts=gaba_counts[i],
+    )
     dead.append(analysis.dead_fraction(stats.activity_sum))
   return dead
 
@@ -95,17 +101,25 @@ def dead_table(all_results: dict, dead: dict, *, header: str) -> str:
   def fmt(values):
     return f"{np.mean(values):.3f} ± {metrics.sem(values):.3f}"
 
-  lines = [header, "", "| row | final accuracy | silent on the last task (training data, last epoch) | "
-           "dead on the full test set (all classes) |", "|---|---|---|---|"]
+  lines = [
+    header,
+    "",
+    "| row | final accuracy | silent on the last task (training data, last epoch) | "
+    "dead on the full test set (all classes) |",
+    "|---|---|---|---|",
+  ]
   for row, results in all_results.items():
     per_seed = results["per_seed"]
-    lines.append(f"| {row} | {fmt([s['final_accuracy'] for s in per_seed])} | "
-                 f"{fmt([s['dead_fraction'] for s in per_seed])} | {fmt(dead[row])} |")
+    lines.append(
+      f"| {row} | {fmt([s['final_accuracy'] for s in per_seed])} | "
+      f"{fmt([s['dead_fraction'] for s in per_seed])} | {fmt(dead[row])} |"
+    )
   return "\n".join(lines) + "\n"
 
 
 def plot_final_accuracy(all_results: dict, configs: dict, path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -141,34 +155,46 @@ def k_frontier_configs(ks, *, epochs_per_task: int, seeds) -> dict:
 
 def k_frontier_summary(all_results: dict, ks) -> list[dict]:
   """Per k: mean and s.e.m. over seeds of NCL accuracy, CL final and first-task accuracy, forgetting, dead."""
+
   def stats(values):
     return float(np.mean(values)), metrics.sem(values)
 
   summary = []
   for k in ks:
     cl, ncl = all_results[f"k{k}"]["per_seed"], all_results[f"k{k}_ncl"]["per_seed"]
-    summary.append(dict(
+    summary.append(
+      dict(
         k=int(k),
         ncl_accuracy=stats([s["final_accuracy"] for s in ncl]),
         cl_accuracy=stats([s["final_accuracy"] for s in cl]),
         first_task_accuracy=stats([s["acc_matrix"][0][0] for s in cl]),
         forgetting=stats([s["forgetting"] for s in cl]),
-        dead_fraction=stats([s["dead_fraction"] for s in cl])))
+        dead_fraction=stats([s["dead_fraction"] for s in cl]),
+      )
+    )
   return summary
 
 
 def k_frontier_markdown(summary: list[dict], *, header: str) -> str:
   fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}"
-  lines = [header, "", "| k | NCL accuracy (all classes at once) | CL final accuracy | first-task accuracy | "
-           "forgetting | dead units (CL) |", "|---|---|---|---|---|---|"]
-  lines += [f"| {s['k']} | {fmt(s['ncl_accuracy'])} | **{fmt(s['cl_accuracy'])}** | "
-            f"{fmt(s['first_task_accuracy'])} | {fmt(s['forgetting'])} | {fmt(s['dead_fraction'])} |"
-            for s in summary]
+  lines = [
+    header,
+    "",
+    "| k | NCL accuracy (all classes at once) | CL final accuracy | first-task accuracy | "
+    "forgetting | dead units (CL) |",
+    "|---|---|---|---|---|---|",
+  ]
+  lines += [
+    f"| {s['k']} | {fmt(s['ncl_accuracy'])} | **{fmt(s['cl_accuracy'])}** | "
+    f"{fmt(s['first_task_accuracy'])} | {fmt(s['forgetting'])} | {fmt(s['dead_fraction'])} |"
+    for s in summary
+  ]
   return "\n".join(lines) + "\n"
 
 
 def plot_k_frontier(summary: list[dict], path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

@@ -75,16 +75,20 @@ def table_row(row: str, config, results: dict) -> str:
   gap = f"{np.mean(finals) - config.paper_final_accuracy:+.3f}" if config.paper_final_accuracy >= 0 else "–"
   if results.get("dataset", {}).get("lossy"):
     row += " (LOSSY stand-in)"
-  return (f"| {row} | {m.neurons:,} | {k} | {paper} | **{measured}** | {gap} | "
-          f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
-          f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
-          f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
-          f"{experiment.fmt_duration(results['wall_time_s'])} |")
+  return (
+    f"| {row} | {m.neurons:,} | {k} | {paper} | **{measured}** | {gap} | "
+    f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
+    f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
+    f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
+    f"{experiment.fmt_duration(results['wall_time_s'])} |"
+  )
 
 
-HEADER = ("| row | neurons | k | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
-          "task-IL final acc. | task-IL forgetting | dead | epochs/task | wall |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+  "| row | neurons | k | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
+  "task-IL final acc. | task-IL forgetting | dead | epochs/task | wall |\n"
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str) -> None:
@@ -92,6 +96,7 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   (rows trained as one task, e.g. the Oracle, and one-pass rows have no curve). Right: final
   accuracy per row, mean ± s.e.m. over seeds, with the paper's value as a red tick."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -109,8 +114,9 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
     boundaries.update(range(config.epochs_per_task, max(epochs), config.epochs_per_task))
   for boundary in boundaries:
     curves_ax.axvline(boundary, color="0.85", lw=0.8, zorder=0)
-  curves_ax.set(xlabel="epoch", ylabel="accuracy on the full test set", ylim=(0, 1),
-                title="during training (mean over seeds)")
+  curves_ax.set(
+    xlabel="epoch", ylabel="accuracy on the full test set", ylim=(0, 1), title="during training (mean over seeds)"
+  )
   if curves_ax.lines:
     curves_ax.legend(fontsize=7)
   rows = list(all_results)
@@ -122,11 +128,20 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   papers = [(i, configs[row].get("paper_final_accuracy", -1.0)) for i, row in enumerate(rows)]
   papers = [(i, v) for i, v in papers if v is not None and v >= 0]
   if papers:
-    bars_ax.scatter([v for _, v in papers], [i for i, _ in papers], marker="|", s=400, linewidths=2.5,
-                    color="crimson", label="paper", zorder=3)
+    bars_ax.scatter(
+      [v for _, v in papers],
+      [i for i, _ in papers],
+      marker="|",
+      s=400,
+      linewidths=2.5,
+      color="crimson",
+      label="paper",
+      zorder=3,
+    )
     bars_ax.legend(fontsize=7, loc="lower right")
-  bars_ax.set(yticks=y, yticklabels=rows, xlim=(0, 1), xlabel="final accuracy (full test set)",
-              title="after the last task")
+  bars_ax.set(
+    yticks=y, yticklabels=rows, xlim=(0, 1), xlabel="final accuracy (full test set)", title="after the last task"
+  )
   bars_ax.invert_yaxis()
   fig.suptitle(title)
   fig.tight_layout()
@@ -134,8 +149,17 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   plt.close(fig)
 
 
-def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, seeds,
-             filename: str = "table.md", also_show: dict | None = None, run: bool = True) -> dict:
+def run_rows(
+  configs: dict,
+  workdir: pathlib.Path,
+  *,
+  title: str,
+  command: str,
+  seeds,
+  filename: str = "table.md",
+  also_show: dict | None = None,
+  run: bool = True,
+) -> dict:
   """Runs each row's config into WORKDIR/<row>/ (skipping finished ones) and writes WORKDIR/<filename>
   and its figure (the same name, .png).
 
@@ -157,27 +181,43 @@ def run_rows(configs: dict, workdir: pathlib.Path, *, title: str, command: str, 
   start = time.time()
 
   def finished_elsewhere():
-    return {row: results for row in order if row not in to_run and row not in all_results
-            and (results := _finished(workdir / row, shown[row])) is not None}
+    return {
+      row: results
+      for row in order
+      if row not in to_run and row not in all_results and (results := _finished(workdir / row, shown[row])) is not None
+    }
 
   def write_table(machine: str) -> str:
     done = {**all_results, **finished_elsewhere()}
     rows = [row for row in order if row in done]
     others = [row for row in rows if row not in to_run]
-    text = (f"# {title}: paper vs sdm_jax\n\n"
-            f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-            f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
-            "the full test set after the last task (the paper's metric); forgetting = max over earlier "
-            "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
-            "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
-            "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
-            f"Command: `{command}`"
-            + (f" (rows finished earlier or by another process in this workdir with the same config: "
-               f"{', '.join(others)})" if others else "")
-            + "\n\n" + HEADER + "\n" + "\n".join(table_row(row, shown[row], done[row]) for row in rows) + "\n")
+    text = (
+      f"# {title}: paper vs sdm_jax\n\n"
+      f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
+      f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
+      "the full test set after the last task (the paper's metric); forgetting = max over earlier "
+      "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
+      "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
+      "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
+      f"Command: `{command}`"
+      + (
+        f" (rows finished earlier or by another process in this workdir with the same config: {', '.join(others)})"
+        if others
+        else ""
+      )
+      + "\n\n"
+      + HEADER
+      + "\n"
+      + "\n".join(table_row(row, shown[row], done[row]) for row in rows)
+      + "\n"
+    )
     (workdir / filename).write_text(text)
-    plot_rows({row: done[row] for row in rows}, {row: shown[row] for row in rows},
-              (workdir / filename).with_suffix(".png"), title=title)
+    plot_rows(
+      {row: done[row] for row in rows},
+      {row: shown[row] for row in rows},
+      (workdir / filename).with_suffix(".png"),
+      title=title,
+    )
     return text
 
   for i, (row, config) in enumerate(to_run.items()):

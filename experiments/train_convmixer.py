@@ -34,13 +34,28 @@ EMBEDDER_DIR = "embedder"
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int) -> None:
   """Raises ValueError naming the first bad field."""
-  positive = ("dim", "depth", "kernel_size", "patch_size", "epochs", "batch_size", "lr", "eval_batch_size",
-              "log_every_steps")
+  positive = (
+    "dim",
+    "depth",
+    "kernel_size",
+    "patch_size",
+    "epochs",
+    "batch_size",
+    "lr",
+    "eval_batch_size",
+    "log_every_steps",
+  )
   for field in positive:
     if not c[field] > 0:
       raise ValueError(f"config.{field} must be > 0, got {c[field]!r}")
-  for field in ("weight_decay", "clip_norm", "randaugment_ops", "max_train_examples", "max_test_examples",
-                "num_devices"):
+  for field in (
+    "weight_decay",
+    "clip_norm",
+    "randaugment_ops",
+    "max_train_examples",
+    "max_test_examples",
+    "num_devices",
+  ):
     if c[field] < 0:
       raise ValueError(f"config.{field} must be >= 0, got {c[field]!r}")
   if c.lr_schedule not in ("constant", "onecycle"):
@@ -67,8 +82,9 @@ def load_data(c: ml_collections.ConfigDict) -> dict:
 
 
 def model_from_config(c: ml_collections.ConfigDict, num_classes: int) -> convmixer.ConvMixer:
-  return convmixer.ConvMixer(dim=c.dim, depth=c.depth, kernel_size=c.kernel_size, patch_size=c.patch_size,
-                             num_classes=num_classes)
+  return convmixer.ConvMixer(
+    dim=c.dim, depth=c.depth, kernel_size=c.kernel_size, patch_size=c.patch_size, num_classes=num_classes
+  )
 
 
 def save_embedder(directory: pathlib.Path, state: dict, meta: dict) -> None:
@@ -88,8 +104,10 @@ def load_embedder(path) -> tuple[convmixer.ConvMixer, dict, dict]:
   if (path / EMBEDDER_DIR).is_dir():
     path = path / EMBEDDER_DIR
   if not (path / "meta.json").is_file():
-    raise FileNotFoundError(f"{path} holds no trained embedder (meta.json); train one with "
-                            "`python -m experiments.train_convmixer --workdir=DIR`")
+    raise FileNotFoundError(
+      f"{path} holds no trained embedder (meta.json); train one with "
+      "`python -m experiments.train_convmixer --workdir=DIR`"
+    )
   meta = json.loads((path / "meta.json").read_text())
   model = model_from_config(ml_collections.ConfigDict(meta["config"]), meta["num_classes"])
   with checkpoint._quiet():  # pylint: disable=protected-access
@@ -112,8 +130,10 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   ds = load_data(c)
   num_classes = int(ds.get("num_classes", int(ds["train_labels"].max()) + 1))
   lossy = bool(ds.get("lossy", False))
-  logging.info(f"data {c.dataset}: train {ds['train_images'].shape}, test {ds['test_images'].shape}, "
-       f"{num_classes} classes, loaded in {time.perf_counter() - start:.1f}s; source: {ds['source']}")
+  logging.info(
+    f"data {c.dataset}: train {ds['train_images'].shape}, test {ds['test_images'].shape}, "
+    f"{num_classes} classes, loaded in {time.perf_counter() - start:.1f}s; source: {ds['source']}"
+  )
   if lossy:
     logging.info("NOTE: LOSSY JPEG stand-in for CIFAR-10: accuracies are near, not equal to, real CIFAR-10 ones")
   n_train = len(ds["train_labels"])
@@ -122,8 +142,9 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
     raise ValueError(f"config.batch_size ({c.batch_size}) exceeds the {n_train} training examples")
   total_steps = steps_per_epoch * c.epochs
   model = model_from_config(c, num_classes)
-  tx = convmixer.make_optimizer(lr=c.lr, weight_decay=c.weight_decay, clip_norm=c.clip_norm,
-                                schedule=c.lr_schedule, total_steps=total_steps)
+  tx = convmixer.make_optimizer(
+    lr=c.lr, weight_decay=c.weight_decay, clip_norm=c.clip_norm, schedule=c.lr_schedule, total_steps=total_steps
+  )
   # Raw uint32 keys: orbax saves them like any array.
   state = convmixer.init_state(jax.random.PRNGKey(c.seed), model, tx)
   n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
@@ -140,14 +161,16 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   state = convmixer.replicate(state, mesh)
   aug = dict(flip=c.flip, num_ops=c.randaugment_ops, magnitude=c.randaugment_magnitude)
   step_fn = jax.jit(functools.partial(convmixer.train_step, model=model, tx=tx, aug=aug), donate_argnums=0)
-  logging.info(f"ConvMixer-{c.dim}/{c.depth} k{c.kernel_size} p{c.patch_size}: {n_params:,} params, "
-       f"{num_devices} device(s), batch {c.batch_size}, {steps_per_epoch} steps/epoch x {c.epochs} epochs")
+  logging.info(
+    f"ConvMixer-{c.dim}/{c.depth} k{c.kernel_size} p{c.patch_size}: {n_params:,} params, "
+    f"{num_devices} device(s), batch {c.batch_size}, {steps_per_epoch} steps/epoch x {c.epochs} epochs"
+  )
   train_start = time.perf_counter()
   for epoch in range(epoch0, c.epochs):
     order = np.random.default_rng([c.seed, epoch]).permutation(n_train)
     sums, count, epoch_start = np.zeros(2), 0, time.perf_counter()
     for i in range(steps_per_epoch):
-      idx = np.sort(order[i * c.batch_size:(i + 1) * c.batch_size])  # sorted: faster gather
+      idx = np.sort(order[i * c.batch_size : (i + 1) * c.batch_size])  # sorted: faster gather
       batch = convmixer.shard_batch((ds["train_images"][idx], ds["train_labels"][idx].astype(np.int32)), mesh)
       state, metrics = step_fn(state, *batch)
       if (i + 1) % c.log_every_steps == 0 or i + 1 == steps_per_epoch:
@@ -155,35 +178,65 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
         sums += (m["loss"], m["accuracy"])
         count += 1
         rate = (i + 1) * c.batch_size / (time.perf_counter() - epoch_start)
-        logging.info(f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
-             f"acc {m['accuracy']:.3f} |g| {m['grad_norm']:.2f} ({rate:.0f} img/s)")
+        logging.info(
+          f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
+          f"acc {m['accuracy']:.3f} |g| {m['grad_norm']:.2f} ({rate:.0f} img/s)"
+        )
     test_acc = evaluate(model, state, ds["test_images"], ds["test_labels"], mesh, c.eval_batch_size)
     wall = prior_wall + time.perf_counter() - train_start
-    history.append(dict(epoch=epoch + 1, train_loss=sums[0] / max(count, 1), train_acc=sums[1] / max(count, 1),
-                        test_acc=test_acc, wall_s=wall))
-    logging.info(f"epoch {epoch + 1}/{c.epochs}: test accuracy {test_acc:.4f}, wall {wall / 60:.1f} min"
-         + (" (LOSSY stand-in)" if lossy else ""))
-    checkpoint.save(mgr, epoch + 1, jax.device_get(state), dict(epoch=epoch + 1, history=history, wall_s=wall),
-                    config_dict)
+    history.append(
+      dict(
+        epoch=epoch + 1,
+        train_loss=sums[0] / max(count, 1),
+        train_acc=sums[1] / max(count, 1),
+        test_acc=test_acc,
+        wall_s=wall,
+      )
+    )
+    logging.info(
+      f"epoch {epoch + 1}/{c.epochs}: test accuracy {test_acc:.4f}, wall {wall / 60:.1f} min"
+      + (" (LOSSY stand-in)" if lossy else "")
+    )
+    checkpoint.save(
+      mgr, epoch + 1, jax.device_get(state), dict(epoch=epoch + 1, history=history, wall_s=wall), config_dict
+    )
   wall = history[-1]["wall_s"] if history else prior_wall
   final_acc = history[-1]["test_acc"] if history else float("nan")
-  meta = dict(config=config_dict, num_classes=num_classes, dataset=c.dataset, dataset_source=ds["source"],
-              lossy=lossy, test_accuracy=final_acc, embedding_dim=c.dim)
+  meta = dict(
+    config=config_dict,
+    num_classes=num_classes,
+    dataset=c.dataset,
+    dataset_source=ds["source"],
+    lossy=lossy,
+    test_accuracy=final_acc,
+    embedding_dim=c.dim,
+  )
   save_embedder(workdir / EMBEDDER_DIR, jax.device_get(state), meta)
-  results = dict(meta, params=n_params, epochs=c.epochs, steps=int(total_steps), wall_s=wall, history=history,
-                 devices=num_devices, machine=f"{platform.node()} {platform.machine()}, jax {jax.__version__} "
-                 f"({jax.default_backend()})", embedder=str((workdir / EMBEDDER_DIR).absolute()))
+  results = dict(
+    meta,
+    params=n_params,
+    epochs=c.epochs,
+    steps=int(total_steps),
+    wall_s=wall,
+    history=history,
+    devices=num_devices,
+    machine=f"{platform.node()} {platform.machine()}, jax {jax.__version__} ({jax.default_backend()})",
+    embedder=str((workdir / EMBEDDER_DIR).absolute()),
+  )
   (workdir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-  logging.info(f"done: test accuracy {final_acc:.4f} after {c.epochs} epochs, {wall / 60:.1f} min training; "
-       f"embedder in {workdir / EMBEDDER_DIR}; data: {ds['source']}")
+  logging.info(
+    f"done: test accuracy {final_acc:.4f} after {c.epochs} epochs, {wall / 60:.1f} min training; "
+    f"embedder in {workdir / EMBEDDER_DIR}; data: {ds['source']}"
+  )
   return results
 
 
 def _define_flags() -> None:
   """CLI flags, defined only when run as a script: importing this module (tests, experiments.embed)
   must not add absl flags that clash with other experiments' in one process."""
-  config_flags.DEFINE_config_file("config", "experiments/configs/convmixer.py:quick",
-                                  "Config file and variant, e.g. file.py:quick.")
+  config_flags.DEFINE_config_file(
+    "config", "experiments/configs/convmixer.py:quick", "Config file and variant, e.g. file.py:quick."
+  )
   flags.DEFINE_string("workdir", "/tmp/sdm_jax/convmixer", "Where results are written.")
 
 

@@ -45,19 +45,27 @@ def with_mesh(config: ml_collections.ConfigDict, seed: int, data: int) -> ml_col
   return config
 
 
-def run_sweep(sweep: ml_collections.ConfigDict, workdir: pathlib.Path, *, only=(), mesh_seed: int = -1,
-              mesh_data: int = 1, command: str = "") -> dict:
+def run_sweep(
+  sweep: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  *,
+  only=(),
+  mesh_seed: int = -1,
+  mesh_data: int = 1,
+  command: str = "",
+) -> dict:
   """Runs the sweep's unfinished runs (or those in `only`) and writes WORKDIR/summary.md.
 
   Returns {run name: results}. Every config is validated before the first run starts.
   """
   from experiments import tables  # (imports jax: after jax.distributed.initialize)
+
   runs = expand(sweep)
   unknown = [name for name in only if name not in runs]
   if unknown:
     raise ValueError(f"--only: unknown runs {unknown}; the sweep has {list(runs)}")
-  runs = {name: with_mesh(config, mesh_seed, mesh_data) for name, config in runs.items()
-          if not only or name in only}
+  runs = {name: with_mesh(config, mesh_seed, mesh_data) for name, config in runs.items() if not only or name in only}
   seeds = next(iter(runs.values())).seeds
-  return tables.run_rows(runs, workdir, title=f"Sweep {sweep.get('name', '')}", command=command, seeds=seeds,
-                         filename="summary.md")
+  return tables.run_rows(
+    runs, workdir, title=f"Sweep {sweep.get('name', '')}", command=command, seeds=seeds, filename="summary.md"
+  )

@@ -62,8 +62,13 @@ ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (the notebook's 
 UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (the notebook)
 
 # Paper Table 10 (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM): weighted mean entropy.
-PAPER_WEIGHTED_ENTROPY_CIFAR10 = {"sdmlp": 0.99, "sdmlp_linear_mask": 1.36, "sdmlp_no_l2": 1.96,
-                                  "topk": 1.48, "relu": 2.25}
+PAPER_WEIGHTED_ENTROPY_CIFAR10 = {
+  "sdmlp": 0.99,
+  "sdmlp_linear_mask": 1.36,
+  "sdmlp_no_l2": 1.96,
+  "topk": 1.48,
+  "relu": 2.25,
+}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -144,9 +149,15 @@ def neuron_class_entropy(counts) -> NeuronEntropy:
   share = totals / grand_total if grand_total > 0 else np.zeros_like(totals)
   if not active.any():
     return NeuronEntropy(entropy, totals, share, math.nan, math.nan, math.nan, 0)
-  return NeuronEntropy(entropy=entropy, activations=totals, share=share, mean=float(h_active.mean()),
-                       median=float(np.median(h_active)),
-                       weighted_mean=float(np.sum(share[active] * h_active)), num_active=int(active.sum()))
+  return NeuronEntropy(
+    entropy=entropy,
+    activations=totals,
+    share=share,
+    mean=float(h_active.mean()),
+    median=float(np.median(h_active)),
+    weighted_mean=float(np.sum(share[active] * h_active)),
+    num_active=int(active.sum()),
+  )
 
 
 def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD) -> np.ndarray | float:
@@ -261,7 +272,7 @@ def curves_over_seeds(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] 
 def task_columns(columns: Iterable[str]) -> list[str]:
   """The accuracy_task{j} columns, in task order."""
   cols = [c for c in columns if c.startswith("accuracy_task")]
-  return sorted(cols, key=lambda c: int(c[len("accuracy_task"):]))
+  return sorted(cols, key=lambda c: int(c[len("accuracy_task") :]))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -325,13 +336,14 @@ def balanced_subset(labels, max_examples: int, seed: int = 0) -> np.ndarray:
         grew = True
     if not grew:
       break
-  return np.sort(np.concatenate([pools[c][:quota[c]] for c in classes]))
+  return np.sort(np.concatenate([pools[c][: quota[c]] for c in classes]))
 
 
 def seed_params(params: Mapping, index: int) -> dict:
   """One seed's parameters from the stacked [S, ...] tree of `experiment.load_final_state`."""
-  return {name: (seed_params(v, index) if isinstance(v, Mapping) else np.asarray(v)[index])
-          for name, v in params.items()}
+  return {
+    name: (seed_params(v, index) if isinstance(v, Mapping) else np.asarray(v)[index]) for name, v in params.items()
+  }
 
 
 class NeuronStats(NamedTuple):
@@ -369,8 +381,7 @@ def _hidden_fn(spec):
   return jax.jit(fn)
 
 
-def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None,
-                       batch_size: int = 2048):
+def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None, batch_size: int = 2048):
   """Yields the post-Top-K activations a* [B, r] of `x` (uint8 or float inputs [N, ...]) batch by batch.
 
   Evaluation mode, as `train.make_evaluate`: no dropout, the final GABA
@@ -387,11 +398,20 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
   params = {name: {n: jnp.asarray(v) for n, v in layer.items()} for name, layer in params.items()}
   x = np.asarray(x).reshape(len(x), -1)
   for start in range(0, len(x), batch_size):
-    yield np.asarray(fn(params, jnp.asarray(x[start:start + batch_size]), counts, k))
+    yield np.asarray(fn(params, jnp.asarray(x[start : start + batch_size]), counts, k))
 
 
-def neuron_statistics(params: Mapping, x, labels, *, spec, num_classes: int, gaba_counts=None,
-                      epoch: int | None = None, batch_size: int = 2048) -> NeuronStats:
+def neuron_statistics(
+  params: Mapping,
+  x,
+  labels,
+  *,
+  spec,
+  num_classes: int,
+  gaba_counts=None,
+  epoch: int | None = None,
+  batch_size: int = 2048,
+) -> NeuronStats:
   """Counts, activity and most-activating examples of every neuron over `x`, in batches.
 
   Memory stays O(batch × r), so 10K-neuron models and all 50K training images fit.
@@ -405,9 +425,8 @@ def neuron_statistics(params: Mapping, x, labels, *, spec, num_classes: int, gab
   best_label = np.zeros(r, np.int64)
   active = 0.0
   start = 0
-  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch,
-                                   batch_size=batch_size):
-    y = labels[start:start + len(hidden)]
+  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch, batch_size=batch_size):
+    y = labels[start : start + len(hidden)]
     start += len(hidden)
     counts += activation_counts(hidden, y, num_classes)
     counts_entropy += activation_counts(hidden, y, num_classes, threshold=ENTROPY_THRESHOLD)
@@ -431,8 +450,9 @@ def l2_normalize_rows(x, eps: float = 1e-12) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
 
 
-def umap_inputs(kernel, x, activations, *, l2_norm: bool,
-                min_activations: int = UMAP_MIN_ACTIVATIONS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def umap_inputs(
+  kernel, x, activations, *, l2_norm: bool, min_activations: int = UMAP_MIN_ACTIVATIONS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """What the reference feeds UMAP: addresses of neurons with > 10 activations, data as the model sees it.
 
   Args:
@@ -499,7 +519,10 @@ def load_run(workdir) -> dict[str, Any]:
   if not config_path.exists():
     raise FileNotFoundError(f"{workdir} has no config.json: not a workdir of experiments.split_mnist")
   state = workdir / "final_state.npz"
-  return dict(workdir=workdir, config=json.loads(config_path.read_text()),
-              results=json.loads(results_path.read_text()) if results_path.exists() else None,
-              rows=read_metrics_csv(metrics_path) if metrics_path.exists() else [],
-              final_state=state if state.exists() else None)
+  return dict(
+    workdir=workdir,
+    config=json.loads(config_path.read_text()),
+    results=json.loads(results_path.read_text()) if results_path.exists() else None,
+    rows=read_metrics_csv(metrics_path) if metrics_path.exists() else [],
+    final_state=state if state.exists() else None,
+  )

@@ -30,29 +30,47 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 """The normalisation the reference applies (also to ImageNet32)."""
 
-OPS = ('identity', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate',
-       'brightness', 'color', 'contrast', 'sharpness', 'posterize', 'solarize',
-       'autocontrast', 'equalize')
+OPS = (
+  'identity',
+  'shear_x',
+  'shear_y',
+  'translate_x',
+  'translate_y',
+  'rotate',
+  'brightness',
+  'color',
+  'contrast',
+  'sharpness',
+  'posterize',
+  'solarize',
+  'autocontrast',
+  'equalize',
+)
 """torchvision RandAugment's op list, in its order."""
 
-SIGNED = frozenset({'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate',
-                    'brightness', 'color', 'contrast', 'sharpness'})
+SIGNED = frozenset(
+  {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness', 'color', 'contrast', 'sharpness'}
+)
 
 
 def magnitudes(magnitude: int = 12, bins: int = 31, size: int = 32) -> dict[str, float]:
   """Each op's magnitude at `magnitude` of `bins`, as torchvision's `_augmentation_space`."""
   frac = magnitude / (bins - 1)
   return {
-      'identity': 0.0,
-      'shear_x': 0.3 * frac, 'shear_y': 0.3 * frac,
-      'translate_x': float(int(150.0 / 331.0 * size * frac)),
-      'translate_y': float(int(150.0 / 331.0 * size * frac)),
-      'rotate': 30.0 * frac,
-      'brightness': 0.9 * frac, 'color': 0.9 * frac, 'contrast': 0.9 * frac,
-      'sharpness': 0.9 * frac,
-      'posterize': float(8 - int(round(magnitude / ((bins - 1) / 4)))),
-      'solarize': 255.0 * (1.0 - frac),
-      'autocontrast': 0.0, 'equalize': 0.0,
+    'identity': 0.0,
+    'shear_x': 0.3 * frac,
+    'shear_y': 0.3 * frac,
+    'translate_x': float(int(150.0 / 331.0 * size * frac)),
+    'translate_y': float(int(150.0 / 331.0 * size * frac)),
+    'rotate': 30.0 * frac,
+    'brightness': 0.9 * frac,
+    'color': 0.9 * frac,
+    'contrast': 0.9 * frac,
+    'sharpness': 0.9 * frac,
+    'posterize': float(8 - int(round(magnitude / ((bins - 1) / 4)))),
+    'solarize': 255.0 * (1.0 - frac),
+    'autocontrast': 0.0,
+    'equalize': 0.0,
   }
 
 
@@ -67,8 +85,7 @@ def _gray(img):
 def _warp(img, inverse):
   """Samples img at inverse @ (x, y, 1) for each output pixel (nearest, fill 0)."""
   h, w, _ = img.shape
-  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32),
-                        indexing='ij')
+  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32), indexing='ij')
   src = inverse @ jnp.stack([xs.ravel(), ys.ravel(), jnp.ones(h * w)])
   sx, sy = jnp.round(src[0]).astype(jnp.int32), jnp.round(src[1]).astype(jnp.int32)
   inside = (sx >= 0) & (sx < w) & (sy >= 0) & (sy < h)
@@ -86,9 +103,8 @@ def _rotate(img, degrees):
 
 
 def _sharpness(img, factor):
-  kernel = jnp.array([[1., 1., 1.], [1., 5., 1.], [1., 1., 1.]]) / 13.0
-  blurred = jax.vmap(lambda ch: jax.scipy.signal.convolve2d(ch, kernel, mode='valid'),
-                     in_axes=2, out_axes=2)(img)
+  kernel = jnp.array([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13.0
+  blurred = jax.vmap(lambda ch: jax.scipy.signal.convolve2d(ch, kernel, mode='valid'), in_axes=2, out_axes=2)(img)
   degenerate = img.at[1:-1, 1:-1].set(jnp.round(blurred))  # torchvision keeps the border
   return _blend(img, degenerate, factor)
 
@@ -114,20 +130,20 @@ def apply_op(img, op: jax.Array, magnitude: jax.Array):
   """Applies op number `op` (index into OPS) with a signed magnitude to one [H, W, 3] image."""
   m = magnitude
   branches = [
-      lambda x: x,
-      lambda x: _warp(x, jnp.array([[1.0, m, 0.0], [0.0, 1.0, 0.0]])),
-      lambda x: _warp(x, jnp.array([[1.0, 0.0, 0.0], [m, 1.0, 0.0]])),
-      lambda x: _warp(x, jnp.array([[1.0, 0.0, -m], [0.0, 1.0, 0.0]])),
-      lambda x: _warp(x, jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, -m]])),
-      lambda x: _rotate(x, m),
-      lambda x: _blend(x, jnp.zeros_like(x), 1.0 + m),
-      lambda x: _blend(x, _gray(x)[..., None], 1.0 + m),
-      lambda x: _blend(x, _gray(x).mean(), 1.0 + m),
-      lambda x: _sharpness(x, 1.0 + m),
-      lambda x: x - jnp.mod(x, 2.0 ** (8 - m)),   # keep the top m bits
-      lambda x: jnp.where(x >= m, 255.0 - x, x),
-      _autocontrast,
-      lambda x: jax.vmap(_equalize_channel, in_axes=2, out_axes=2)(x),
+    lambda x: x,
+    lambda x: _warp(x, jnp.array([[1.0, m, 0.0], [0.0, 1.0, 0.0]])),
+    lambda x: _warp(x, jnp.array([[1.0, 0.0, 0.0], [m, 1.0, 0.0]])),
+    lambda x: _warp(x, jnp.array([[1.0, 0.0, -m], [0.0, 1.0, 0.0]])),
+    lambda x: _warp(x, jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, -m]])),
+    lambda x: _rotate(x, m),
+    lambda x: _blend(x, jnp.zeros_like(x), 1.0 + m),
+    lambda x: _blend(x, _gray(x)[..., None], 1.0 + m),
+    lambda x: _blend(x, _gray(x).mean(), 1.0 + m),
+    lambda x: _sharpness(x, 1.0 + m),
+    lambda x: x - jnp.mod(x, 2.0 ** (8 - m)),  # keep the top m bits
+    lambda x: jnp.where(x >= m, 255.0 - x, x),
+    _autocontrast,
+    lambda x: jax.vmap(_equalize_channel, in_axes=2, out_axes=2)(x),
   ]
   return jax.lax.switch(op, branches, img)
 
@@ -164,4 +180,3 @@ def train_augment(key, images, *, flip: bool = True, num_ops: int = 2, magnitude
   if num_ops:
     x = jax.vmap(lambda k, im: rand_augment(k, im, num_ops=num_ops, magnitude=magnitude))(keys[:, 1], x)
   return normalize(x)
-

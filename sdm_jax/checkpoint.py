@@ -66,9 +66,13 @@ def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2, create: bool =
 
 def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: dict) -> None:
   with _quiet():
-    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(states),
-                                           progress=ocp.args.JsonSave(progress),
-                                           config=ocp.args.JsonSave(config)), force=True)
+    mgr.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(states), progress=ocp.args.JsonSave(progress), config=ocp.args.JsonSave(config)
+      ),
+      force=True,
+    )
     mgr.wait_until_finished()
 
 
@@ -97,6 +101,7 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
 class Restored(NamedTuple):
   """What `restore_latest` found: the state and progress of checkpoint `step`, and the newer
   checkpoints that could not be read (`unreadable`: (directory, one-line reason), newest first)."""
+
   states: Any
   progress: dict
   step: int
@@ -136,19 +141,25 @@ def _restore_latest(mgr, abstract_states, config):
       continue
     differences = config_differences(saved_config, config)
     if differences:
-      raise ValueError(f"refusing to resume {where}: the config differs in " + "; ".join(differences)
-                       + ". Rerun with the same config, or use a new --workdir.")
+      raise ValueError(
+        f"refusing to resume {where}: the config differs in "
+        + "; ".join(differences)
+        + ". Rerun with the same config, or use a new --workdir."
+      )
     try:
-      restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                           progress=ocp.args.JsonRestore()))
+      restored = mgr.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore())
+      )
     except Exception as e:
       unreadable.append((where, _one_line(e)))
       continue
     return Restored(restored["state"], restored["progress"], step, unreadable)
   if unreadable:
-    raise ValueError(f"no checkpoint in {mgr.directory} can be restored: "
-                     + "; ".join(f"{where.name}: {reason}" for where, reason in unreadable)
-                     + ". Delete the checkpoints folder to start afresh, or use a new --workdir.")
+    raise ValueError(
+      f"no checkpoint in {mgr.directory} can be restored: "
+      + "; ".join(f"{where.name}: {reason}" for where, reason in unreadable)
+      + ". Delete the checkpoints folder to start afresh, or use a new --workdir."
+    )
   return None
 
 

@@ -37,8 +37,18 @@ from sdm_jax import data as data_lib
 from sdm_jax import layers, metric_writers, metrics, models, optim, regularizers, sparse, train
 
 # The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
-CURVE_FIELDS = ("seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy", "dead_fraction",
-                "active_per_example", "gaba_lambda_mean")
+CURVE_FIELDS = (
+  "seed",
+  "task",
+  "epoch",
+  "loss",
+  "train_accuracy",
+  "full_accuracy",
+  "seen_accuracy",
+  "dead_fraction",
+  "active_per_example",
+  "gaba_lambda_mean",
+)
 TASK_ARRAYS = ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes", "task_classes")
 # A task whose switch has not got this far (mean lambda of the GABA switch over neurons, paper
 # App. B.3; -1 none switched, 1 all) is reported: the authors' Split MNIST schedule ends task 1 at
@@ -95,7 +105,8 @@ def _split_one(dataset: dict, order, classes_per_task: int) -> dict:
   out = {}
   for split in ("train", "test"):
     x, y, sizes = data_lib.pad_tasks(
-        data_lib.split_by_task(dataset[f"{split}_images"], dataset[f"{split}_labels"], classes))
+      data_lib.split_by_task(dataset[f"{split}_images"], dataset[f"{split}_labels"], classes)
+    )
     out.update({f"{split}_x": flat(x), f"{split}_y": y.astype(np.int32), f"{split}_sizes": sizes})
   out["task_classes"] = classes.astype(np.int32)
   return out
@@ -113,8 +124,9 @@ def _stack_padded(per_order: list[dict]) -> dict:
   return stacked
 
 
-def split_tasks(dataset: dict, orders: Sequence[Sequence[int]], classes_per_task: int, *,
-                seed_axis: bool | None = None) -> Tasks:
+def split_tasks(
+  dataset: dict, orders: Sequence[Sequence[int]], classes_per_task: int, *, seed_axis: bool | None = None
+) -> Tasks:
   """Splits a dataset (the dict of `data.load_dataset`: train/test images and labels) into tasks.
 
   `orders`: one class order per seed; consecutive `classes_per_task` classes
@@ -126,8 +138,13 @@ def split_tasks(dataset: dict, orders: Sequence[Sequence[int]], classes_per_task
     seed_axis = len(set(orders)) > 1
   per_order = [_split_one(dataset, order, classes_per_task) for order in (orders if seed_axis else orders[:1])]
   arrays = _stack_padded(per_order) if seed_axis else per_order[0]
-  return Tasks(**{name: jnp.asarray(arrays[name]) for name in TASK_ARRAYS}, seed_axis=seed_axis, orders=orders,
-               source=dataset.get("source", ""), lossy=bool(dataset.get("lossy", False)))
+  return Tasks(
+    **{name: jnp.asarray(arrays[name]) for name in TASK_ARRAYS},
+    seed_axis=seed_axis,
+    orders=orders,
+    source=dataset.get("source", ""),
+    lossy=bool(dataset.get("lossy", False)),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,19 +177,37 @@ class Engine(NamedTuple):
   evaluate: Callable
 
 
-def make_engine(spec: models.ModelSpec, tx: optax.GradientTransformation, schedule: Schedule, *, seed_axis: bool,
-                regularizer: regularizers.RegularizerSpec | None = None, sparse_sgd: sparse.SparseSGD | None = None,
-                mesh=None) -> Engine:
+def make_engine(
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  schedule: Schedule,
+  *,
+  seed_axis: bool,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  sparse_sgd: sparse.SparseSGD | None = None,
+  mesh=None,
+) -> Engine:
   """Builds (lazily compiles) the run's programs; `sparse_sgd` None: the dense step only."""
-  block = functools.partial(train.make_train_block, spec=spec, tx=tx, batch_size=schedule.batch_size,
-                            epochs=schedule.eval_every, seed_axis_data=seed_axis, mesh=mesh)
+  block = functools.partial(
+    train.make_train_block,
+    spec=spec,
+    tx=tx,
+    batch_size=schedule.batch_size,
+    epochs=schedule.eval_every,
+    seed_axis_data=seed_axis,
+    mesh=mesh,
+  )
   end_task = None
   if regularizer is not None:
     end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=seed_axis, mesh=mesh)
-  return Engine(spec=spec, train_block=block(regularizer=regularizer),
-                sparse_block=block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
-                sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
-                end_task=end_task, evaluate=train.make_evaluate(spec=spec, seed_axis_data=seed_axis, mesh=mesh))
+  return Engine(
+    spec=spec,
+    train_block=block(regularizer=regularizer),
+    sparse_block=block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
+    sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
+    end_task=end_task,
+    evaluate=train.make_evaluate(spec=spec, seed_axis_data=seed_axis, mesh=mesh),
+  )
 
 
 @dataclasses.dataclass
@@ -195,16 +230,27 @@ class Progress:
     return cls(np.zeros((num_seeds, num_tasks, num_tasks)), np.zeros((num_seeds, num_tasks, num_tasks)))
 
   def to_json(self) -> dict:
-    return dict(blocks_done=self.blocks_done, acc=self.acc.tolist(), acc_task_il=self.acc_task_il.tolist(),
-                curves=self.curves, sparse_started=self.sparse.started, active_last=self.sparse.active_last,
-                sparse_retry_at=self.sparse.retry_at, warnings=self.warnings)
+    return dict(
+      blocks_done=self.blocks_done,
+      acc=self.acc.tolist(),
+      acc_task_il=self.acc_task_il.tolist(),
+      curves=self.curves,
+      sparse_started=self.sparse.started,
+      active_last=self.sparse.active_last,
+      sparse_retry_at=self.sparse.retry_at,
+      warnings=self.warnings,
+    )
 
   @classmethod
   def from_json(cls, saved: dict) -> "Progress":
-    return cls(np.asarray(saved["acc"], float), np.asarray(saved["acc_task_il"], float), saved["blocks_done"],
-               list(saved["curves"]), train.SparseSchedule(saved["sparse_started"], saved["active_last"],
-                                                           saved["sparse_retry_at"]),
-               list(saved.get("warnings", [])))
+    return cls(
+      np.asarray(saved["acc"], float),
+      np.asarray(saved["acc_task_il"], float),
+      saved["blocks_done"],
+      list(saved["curves"]),
+      train.SparseSchedule(saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"]),
+      list(saved.get("warnings", [])),
+    )
 
   def tasks_finished(self, blocks_per_task: int) -> int:
     return self.blocks_done // blocks_per_task
@@ -244,37 +290,59 @@ def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_
   if spec.k_schedule != "gaba" or lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
     return None
   worst = int(np.argmin(lam_mean))
-  return (f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
-          f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3) with T = "
-          f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
-          "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
-          "or lower model.gaba_switch_activations")
+  return (
+    f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
+    f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3) with T = "
+    f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
+    "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
+    "or lower model.gaba_switch_activations"
+  )
 
 
 def _check_finite(losses: np.ndarray, seeds, task: int, num_tasks: int, first_epoch: int) -> None:
   if np.all(np.isfinite(losses)):
     return
   bad_seed, bad_epoch = map(int, np.argwhere(~np.isfinite(losses))[0])
-  raise FloatingPointError(f"non-finite training loss at task {task + 1}/{num_tasks}, epoch "
-                           f"{first_epoch + bad_epoch + 1} of that task (seed {seeds[bad_seed]})")
+  raise FloatingPointError(
+    f"non-finite training loss at task {task + 1}/{num_tasks}, epoch "
+    f"{first_epoch + bad_epoch + 1} of that task (seed {seeds[bad_seed]})"
+  )
 
 
 def _rows(seeds, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[dict], np.ndarray, np.ndarray]:
   """The curve rows of one evaluation (one per seed), and the full and seen-task accuracies."""
   per_task = counts.correct / np.maximum(counts.count, 1)
   full = counts.correct.sum(-1) / counts.count.sum(-1)
-  seen = counts.correct[:, :task + 1].sum(-1) / counts.count[:, :task + 1].sum(-1)
-  rows = [dict(seed=seed, task=task, epoch=int(epochs_done[i]), loss=float(epoch_metrics.loss[i, -1]),
-               train_accuracy=float(epoch_metrics.accuracy[i, -1]), full_accuracy=float(full[i]),
-               seen_accuracy=float(seen[i]), dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
-               active_per_example=float(epoch_metrics.active_per_example[i, -1]), gaba_lambda_mean=float(lam[i]),
-               **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(per_task.shape[1])})
-          for i, seed in enumerate(seeds)]
+  seen = counts.correct[:, : task + 1].sum(-1) / counts.count[:, : task + 1].sum(-1)
+  rows = [
+    dict(
+      seed=seed,
+      task=task,
+      epoch=int(epochs_done[i]),
+      loss=float(epoch_metrics.loss[i, -1]),
+      train_accuracy=float(epoch_metrics.accuracy[i, -1]),
+      full_accuracy=float(full[i]),
+      seen_accuracy=float(seen[i]),
+      dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
+      active_per_example=float(epoch_metrics.active_per_example[i, -1]),
+      gaba_lambda_mean=float(lam[i]),
+      **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(per_task.shape[1])},
+    )
+    for i, seed in enumerate(seeds)
+  ]
   return rows, full, seen
 
 
-def run(engine: Engine, states: train.TrainState, tasks: Tasks, schedule: Schedule, seeds: Sequence[int],
-        progress: Progress, *, to_host: Callable = jax.device_get) -> Iterator[tuple[train.TrainState, Block]]:
+def run(
+  engine: Engine,
+  states: train.TrainState,
+  tasks: Tasks,
+  schedule: Schedule,
+  seeds: Sequence[int],
+  progress: Progress,
+  *,
+  to_host: Callable = jax.device_get,
+) -> Iterator[tuple[train.TrainState, Block]]:
   """Trains task after task from `progress.blocks_done`, yielding (states, block) after each evaluation block.
 
   `progress` is updated in place before each yield, so (states, progress) may be
@@ -283,16 +351,23 @@ def run(engine: Engine, states: train.TrainState, tasks: Tasks, schedule: Schedu
   Raises FloatingPointError naming the task, epoch and seed of a non-finite loss.
   """
   num_tasks, per_task = tasks.num_tasks, schedule.blocks_per_task
-  real = lambda tree: jax.tree.map(lambda a: a[:len(seeds)], tree)
+  real = lambda tree: jax.tree.map(lambda a: a[: len(seeds)], tree)
   steps = schedule.steps_per_block(tasks)
   for task, block in [divmod(b, per_task) for b in range(progress.blocks_done, per_task * num_tasks)]:
     train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
     states, epoch_metrics, ran_sparse, sparse_schedule = train.run_block_scheduled(
-        states, *train_data, dense_block=engine.train_block, sparse_block=engine.sparse_block,
-        capacity=engine.sparse_capacity, schedule=progress.sparse, block_index=progress.blocks_done)
+      states,
+      *train_data,
+      dense_block=engine.train_block,
+      sparse_block=engine.sparse_block,
+      capacity=engine.sparse_capacity,
+      schedule=progress.sparse,
+      block_index=progress.blocks_done,
+    )
     counts = engine.evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
-    counts, epoch_metrics, epochs_done, lam = real(to_host((counts, epoch_metrics, states.epoch,
-                                                            gaba_mean(states, engine.spec))))
+    counts, epoch_metrics, epochs_done, lam = real(
+      to_host((counts, epoch_metrics, states.epoch, gaba_mean(states, engine.spec)))
+    )
     first_sparse = ran_sparse and not progress.sparse.started
     progress.sparse = sparse_schedule._replace(active_last=float(np.max(epoch_metrics.active_per_example[:, -1])))
     progress.blocks_done += 1
@@ -309,29 +384,54 @@ def run(engine: Engine, states: train.TrainState, tasks: Tasks, schedule: Schedu
       if engine.end_task is not None and task < num_tasks - 1:
         # Task boundary: importances on the finished task, new anchors (docs/reference_code.md#regularisers).
         states = engine.end_task(states, *train_data)
-    yield states, Block(task, (block + 1) * schedule.eval_every, task_end, rows, full, seen,
-                        np.asarray(epoch_metrics.loss[:, -1]), ran_sparse, first_sparse, warning, steps[task])
+    yield (
+      states,
+      Block(
+        task,
+        (block + 1) * schedule.eval_every,
+        task_end,
+        rows,
+        full,
+        seen,
+        np.asarray(epoch_metrics.loss[:, -1]),
+        ran_sparse,
+        first_sparse,
+        warning,
+        steps[task],
+      ),
+    )
 
 
-def summarize(progress: Progress, tasks: Tasks, seeds: Sequence[int], blocks_per_task: int, *,
-              task_incremental: bool = True) -> dict:
+def summarize(
+  progress: Progress, tasks: Tasks, seeds: Sequence[int], blocks_per_task: int, *, task_incremental: bool = True
+) -> dict:
   """The results of the seeds: per seed the accuracy matrices, curves and (once every task is done)
   the paper's metrics (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy."""
   finished = progress.tasks_finished(blocks_per_task)
   per_seed = []
   for i, seed in enumerate(seeds):
-    entry = dict(seed=seed, class_order=tasks.order_of(i), acc_matrix=progress.acc[i, :finished].tolist(),
-                 curves=[c for c in progress.curves if c["seed"] == seed])
+    entry = dict(
+      seed=seed,
+      class_order=tasks.order_of(i),
+      acc_matrix=progress.acc[i, :finished].tolist(),
+      curves=[c for c in progress.curves if c["seed"] == seed],
+    )
     if task_incremental:
       entry["acc_matrix_task_incremental"] = progress.acc_task_il[i, :finished].tolist()
     if finished == tasks.num_tasks:
-      entry.update(metrics.summarize(progress.acc[i], progress.acc_task_il[i] if task_incremental else None,
-                                     test_sizes=tasks.test_sizes_of(i)))
+      entry.update(
+        metrics.summarize(
+          progress.acc[i], progress.acc_task_il[i] if task_incremental else None, test_sizes=tasks.test_sizes_of(i)
+        )
+      )
     entry["dead_fraction"] = entry["curves"][-1]["dead_fraction"] if entry["curves"] else None
     per_seed.append(entry)
   finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
-  summary = dict(final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
-                 final_accuracy_sem=metrics.sem(finals), num_seeds=len(seeds))
+  summary = dict(
+    final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
+    final_accuracy_sem=metrics.sem(finals),
+    num_seeds=len(seeds),
+  )
   return dict(tasks_finished=finished, summary=summary, per_seed=per_seed, warnings=list(progress.warnings))
 
 
@@ -347,12 +447,28 @@ def _model_spec(model, input_size: int, num_classes: int, neurons: int, k: int, 
   raise ValueError(f"model must be a models.ModelSpec or one of 'sdmlp', 'relu', 'topk', got {model!r}")
 
 
-def fit(x, y, *, test_x=None, test_y=None, classes_per_task: int = 2, class_order: Sequence[int] | None = None,
-        model: models.ModelSpec | str = "sdmlp", neurons: int = 1000, k: int = 10,
-        gaba_switch_epochs: float | None = None, regularizer: regularizers.RegularizerSpec | None = None,
-        optimizer: str = "sgd", learning_rate: float = 0.05, clip_norm: float | None = 1.0,
-        epochs_per_task: int = 50, eval_every: int | None = None, batch_size: int = 128,
-        seeds: Sequence[int] = (0,), workdir: str | None = None) -> dict:
+def fit(
+  x,
+  y,
+  *,
+  test_x=None,
+  test_y=None,
+  classes_per_task: int = 2,
+  class_order: Sequence[int] | None = None,
+  model: models.ModelSpec | str = "sdmlp",
+  neurons: int = 1000,
+  k: int = 10,
+  gaba_switch_epochs: float | None = None,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  optimizer: str = "sgd",
+  learning_rate: float = 0.05,
+  clip_norm: float | None = 1.0,
+  epochs_per_task: int = 50,
+  eval_every: int | None = None,
+  batch_size: int = 128,
+  seeds: Sequence[int] = (0,),
+  workdir: str | None = None,
+) -> dict:
   """Your own arrays through the class-incremental protocol; returns the results (as `summarize`).
 
   x: [N, ...] features or uint8 pixels (uint8 is scaled by 1/255, as MNIST); y: [N] integer
@@ -403,5 +519,9 @@ def curve_writers(workdir, num_tasks: int, earlier_rows=()) -> metric_writers.Mu
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   fields = list(CURVE_FIELDS) + [f"accuracy_task{j}" for j in range(num_tasks)]
-  return metric_writers.MultiWriter([metric_writers.CsvWriter(workdir / "metrics.csv", fields, earlier_rows),
-                                     metric_writers.TensorBoardWriter(workdir / "tensorboard")])
+  return metric_writers.MultiWriter(
+    [
+      metric_writers.CsvWriter(workdir / "metrics.csv", fields, earlier_rows),
+      metric_writers.TensorBoardWriter(workdir / "tensorboard"),
+    ]
+  )

@@ -54,6 +54,7 @@ class DepthwiseConv(nn.Module):
   the grouped convolution's forward+backward was ~11x slower (9.8 s vs 0.9 s for
   [64, 16, 16, 256], k 5). Parameters are laid out as `nn.Conv`'s: kernel [k, k, 1, C], bias [C].
   """
+
   kernel_size: int
 
   @nn.compact
@@ -64,12 +65,13 @@ class DepthwiseConv(nn.Module):
     lo = (k - 1) // 2  # 'same': PyTorch and XLA put the extra pad (even k) at the end
     xp = jnp.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
     h, w = x.shape[1:3]
-    out = sum(xp[:, i:i + h, j:j + w, :] * kernel[i, j, 0] for i in range(k) for j in range(k))
+    out = sum(xp[:, i : i + h, j : j + w, :] * kernel[i, j, 0] for i in range(k) for j in range(k))
     return out + bias
 
 
 class ConvMixer(nn.Module):
   """ConvMixer-dim/depth; `__call__` returns (embedding [B, dim], logits [B, num_classes])."""
+
   dim: int = 256
   depth: int = 8
   kernel_size: int = 5
@@ -90,17 +92,17 @@ class ConvMixer(nn.Module):
     return embedding, nn.Dense(self.num_classes)(embedding)
 
 
-def param_count(dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int,
-                channels: int = 3) -> int:
+def param_count(dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int, channels: int = 3) -> int:
   """Trainable parameters by hand: patch conv + BN, depth x (depthwise + BN + pointwise + BN), head."""
   bn = 2 * dim
-  patch = channels * patch_size ** 2 * dim + dim + bn
-  block = (kernel_size ** 2 * dim + dim) + bn + (dim * dim + dim) + bn
+  patch = channels * patch_size**2 * dim + dim + bn
+  block = (kernel_size**2 * dim + dim) + bn + (dim * dim + dim) + bn
   return patch + depth * block + dim * num_classes + num_classes
 
 
-def make_optimizer(*, lr: float, weight_decay: float, clip_norm: float, schedule: str = 'constant',
-                   total_steps: int = 1) -> optax.GradientTransformation:
+def make_optimizer(
+  *, lr: float, weight_decay: float, clip_norm: float, schedule: str = 'constant', total_steps: int = 1
+) -> optax.GradientTransformation:
   """Global-norm clip then AdamW, weight decay on every parameter.
 
   The authors' ConvMixer settings are clip 1.0 and AdamW weight decay 0.005
@@ -113,13 +115,13 @@ def make_optimizer(*, lr: float, weight_decay: float, clip_norm: float, schedule
   if schedule == 'constant':
     learning_rate = lr
   elif schedule == 'onecycle':
-    learning_rate = optax.linear_onecycle_schedule(total_steps, lr, pct_start=0.4, pct_final=0.85,
-                                                   div_factor=20.0, final_div_factor=200.0)
+    learning_rate = optax.linear_onecycle_schedule(
+      total_steps, lr, pct_start=0.4, pct_final=0.85, div_factor=20.0, final_div_factor=200.0
+    )
   else:
     raise ValueError(f"lr_schedule must be 'constant' or 'onecycle', got {schedule!r}")
   # PyTorch AdamW decays all parameters (biases, BN) by default; optax.adamw with no mask does too.
-  return optax.chain(optax.clip_by_global_norm(clip_norm),
-                     optax.adamw(learning_rate, weight_decay=weight_decay))
+  return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(learning_rate, weight_decay=weight_decay))
 
 
 def init_state(key, model: ConvMixer, tx: optax.GradientTransformation, image_shape=(32, 32, 3)) -> dict:
@@ -127,35 +129,47 @@ def init_state(key, model: ConvMixer, tx: optax.GradientTransformation, image_sh
   init_key, key = jax.random.split(key)
   variables = model.init(init_key, jnp.zeros((1,) + tuple(image_shape)), train=False)
   params = variables['params']
-  return dict(params=params, batch_stats=variables['batch_stats'], opt_state=tx.init(params),
-              step=jnp.zeros((), jnp.int32), key=key)
+  return dict(
+    params=params,
+    batch_stats=variables['batch_stats'],
+    opt_state=tx.init(params),
+    step=jnp.zeros((), jnp.int32),
+    key=key,
+  )
 
 
-def train_step(state: dict, images, labels, *, model: ConvMixer, tx: optax.GradientTransformation,
-               aug: dict[str, Any]) -> tuple[dict, dict]:
+def train_step(
+  state: dict, images, labels, *, model: ConvMixer, tx: optax.GradientTransformation, aug: dict[str, Any]
+) -> tuple[dict, dict]:
   """One AdamW step on a uint8 batch [B, H, W, 3], augmented on device. Jit with model/tx/aug bound."""
   key, aug_key = jax.random.split(state['key'])
   x = augment.train_augment(aug_key, images, **aug)
 
   def loss_fn(params):
-    (_, logits), updates = model.apply({'params': params, 'batch_stats': state['batch_stats']}, x,
-                                       train=True, mutable=['batch_stats'])
+    (_, logits), updates = model.apply(
+      {'params': params, 'batch_stats': state['batch_stats']}, x, train=True, mutable=['batch_stats']
+    )
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     return loss, (logits, updates['batch_stats'])
 
   (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
   updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
-  new_state = dict(params=optax.apply_updates(state['params'], updates), batch_stats=batch_stats,
-                   opt_state=opt_state, step=state['step'] + 1, key=key)
-  metrics = dict(loss=loss, accuracy=(logits.argmax(-1) == labels).mean(),
-                 grad_norm=optax.tree.norm(grads))
+  new_state = dict(
+    params=optax.apply_updates(state['params'], updates),
+    batch_stats=batch_stats,
+    opt_state=opt_state,
+    step=state['step'] + 1,
+    key=key,
+  )
+  metrics = dict(loss=loss, accuracy=(logits.argmax(-1) == labels).mean(), grad_norm=optax.tree.norm(grads))
   return new_state, metrics
 
 
 def apply_eval(model: ConvMixer, variables: dict, images):
   """(embedding float32 [B, dim], logits) of uint8 images with the running BN statistics."""
-  return model.apply({'params': variables['params'], 'batch_stats': variables['batch_stats']},
-                     augment.normalize(images), train=False)
+  return model.apply(
+    {'params': variables['params'], 'batch_stats': variables['batch_stats']}, augment.normalize(images), train=False
+  )
 
 
 def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
@@ -178,29 +192,32 @@ def shard_batch(tree, mesh):
   return jax.device_put(tree, NamedSharding(mesh, P(DATA_AXIS)))
 
 
-def embed_arrays(model: ConvMixer, variables: dict, images: np.ndarray, *, mesh, batch_size: int = 1024,
-                 with_logits: bool = False):
+def embed_arrays(
+  model: ConvMixer, variables: dict, images: np.ndarray, *, mesh, batch_size: int = 1024, with_logits: bool = False
+):
   """Embeddings (and optionally logits) of a whole uint8 array, batch by batch, data-parallel.
 
   The last batch is padded to a full one (so one compiled shape serves every
   batch) and the padding dropped.
   """
   if batch_size <= 0 or batch_size % mesh.size:
-    raise ValueError(f"batch_size {batch_size} must be a positive multiple of the mesh's {mesh.size} devices "
-                     "(each device embeds an equal share of every batch)")
+    raise ValueError(
+      f"batch_size {batch_size} must be a positive multiple of the mesh's {mesh.size} devices "
+      "(each device embeds an equal share of every batch)"
+    )
   n = len(images)
   batch_size = min(batch_size, -(-n // mesh.size) * mesh.size)
   fn = jax.jit(functools.partial(apply_eval, model))
   variables = replicate(variables, mesh)
   embs, logits = [], []
   for start in range(0, n, batch_size):
-    chunk = images[start:start + batch_size]
+    chunk = images[start : start + batch_size]
     pad = batch_size - len(chunk)
     if pad:
       chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
     e, l = fn(variables, shard_batch(chunk, mesh))
-    embs.append(np.asarray(e)[:batch_size - pad])
+    embs.append(np.asarray(e)[: batch_size - pad])
     if with_logits:
-      logits.append(np.asarray(l)[:batch_size - pad])
+      logits.append(np.asarray(l)[: batch_size - pad])
   emb = np.concatenate(embs).astype(np.float32)
   return (emb, np.concatenate(logits)) if with_logits else emb

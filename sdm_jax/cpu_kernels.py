@@ -49,8 +49,11 @@ import numpy as np
 
 _SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
 # FFI target name -> exported handler symbol.
-_TARGETS = {"sdm_jax_sparse_update": "SdmSparseUpdate", "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
-            "sdm_jax_sparse_winners": "SdmSparseWinners"}
+_TARGETS = {
+  "sdm_jax_sparse_update": "SdmSparseUpdate",
+  "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
+  "sdm_jax_sparse_winners": "SdmSparseWinners",
+}
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _BUILD_TIMEOUT_S = 300
 
@@ -83,9 +86,15 @@ def _cpu_flags() -> str:
 
 def _library_path(compiler: list[str]) -> pathlib.Path:
   import jaxlib  # noqa: PLC0415
+
   key = hashlib.sha256()
-  for part in (_SOURCE.read_bytes(), jaxlib.__version__.encode(), " ".join(compiler + list(FLAGS)).encode(),
-               _cpu_flags().encode(), platform.machine().encode()):
+  for part in (
+    _SOURCE.read_bytes(),
+    jaxlib.__version__.encode(),
+    " ".join(compiler + list(FLAGS)).encode(),
+    _cpu_flags().encode(),
+    platform.machine().encode(),
+  ):
     key.update(part)
     key.update(b"\0")
   return cache_dir() / f"sparse_step-{key.hexdigest()[:20]}.so"
@@ -135,8 +144,11 @@ def _load() -> None:
       _state.update(ok=True, error=None, path=str(path), library=library)
     except Exception as e:  # noqa: BLE001 -- any failure means: keep the XLA path
       _state.update(ok=False, error=f"{type(e).__name__}: {e}", path=None)
-      logging.warning("sdm_jax: the CPU FFI kernels of the sparse step are unavailable, using XLA "
-                      "instead (the sparse step is ~1.8x slower at 1K neurons). Reason: %s", _state["error"])
+      logging.warning(
+        "sdm_jax: the CPU FFI kernels of the sparse step are unavailable, using XLA "
+        "instead (the sparse step is ~1.8x slower at 1K neurons). Reason: %s",
+        _state["error"],
+      )
 
 
 def available() -> bool:
@@ -151,8 +163,7 @@ def build_error() -> str | None:
   return _state["error"]
 
 
-def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: float,
-                  clip_norm: float | None):
+def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: float, clip_norm: float | None):
   """The sparse step's address update on CPU; returns (new addresses [r, n], step size []).
 
   addresses [..., r, n] f32 neuron-major (donated to the result: no copy), x [..., B, n],
@@ -164,13 +175,20 @@ def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: 
   if not available():
     raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
   call = jax.ffi.ffi_call(
-      "sdm_jax_sparse_update",
-      (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(values_sq.shape, jnp.float32)),
-      input_output_aliases={0: 0},
-      vmap_method="broadcast_all")
-  return call(addresses.astype(jnp.float32), x.astype(jnp.float32), d_hidden.astype(jnp.float32),
-              winners.astype(jnp.int32), jnp.asarray(values_sq, jnp.float32),
-              learning_rate=np.float64(learning_rate), clip_norm=np.float64(clip_norm or 0.0))
+    "sdm_jax_sparse_update",
+    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(values_sq.shape, jnp.float32)),
+    input_output_aliases={0: 0},
+    vmap_method="broadcast_all",
+  )
+  return call(
+    addresses.astype(jnp.float32),
+    x.astype(jnp.float32),
+    d_hidden.astype(jnp.float32),
+    winners.astype(jnp.int32),
+    jnp.asarray(values_sq, jnp.float32),
+    learning_rate=np.float64(learning_rate),
+    clip_norm=np.float64(clip_norm or 0.0),
+  )
 
 
 def top_values_and_indices(a, m: int):
@@ -183,9 +201,10 @@ def top_values_and_indices(a, m: int):
     raise ValueError(f"expected a [..., r, B] with 1 <= m <= r, got shape {a.shape}, m={m}")
   batch_shape = a.shape[:-2] + (a.shape[-1], m)
   call = jax.ffi.ffi_call(
-      "sdm_jax_top_values_and_indices",
-      (jax.ShapeDtypeStruct(batch_shape, jnp.float32), jax.ShapeDtypeStruct(batch_shape, jnp.int32)),
-      vmap_method="expand_dims")
+    "sdm_jax_top_values_and_indices",
+    (jax.ShapeDtypeStruct(batch_shape, jnp.float32), jax.ShapeDtypeStruct(batch_shape, jnp.int32)),
+    vmap_method="expand_dims",
+  )
   return call(jax.lax.stop_gradient(a).astype(jnp.float32))
 
 
@@ -202,13 +221,20 @@ def sparse_winners(a, lam, *, k: int, capacity: int):
   if not available():
     raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
   if a.ndim < 2 or lam.shape != a.shape[:-1] or not (capacity >= 1 and max(k + 1, capacity) <= a.shape[-2]):
-    raise ValueError(f"expected a [..., r, B], lam [..., r], max(k + 1, capacity) <= r; got {a.shape}, "
-                     f"{lam.shape}, k={k}, capacity={capacity}")
+    raise ValueError(
+      f"expected a [..., r, B], lam [..., r], max(k + 1, capacity) <= r; got {a.shape}, "
+      f"{lam.shape}, k={k}, capacity={capacity}"
+    )
   shape = a.shape[:-2] + (a.shape[-1], capacity)
   call = jax.ffi.ffi_call(
-      "sdm_jax_sparse_winners",
-      (jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32),
-       jax.ShapeDtypeStruct(shape[:-1], jnp.int32)),
-      vmap_method="broadcast_all")
-  return call(jax.lax.stop_gradient(a).astype(jnp.float32), jax.lax.stop_gradient(lam).astype(jnp.float32),
-              k=np.int64(k))
+    "sdm_jax_sparse_winners",
+    (
+      jax.ShapeDtypeStruct(shape, jnp.float32),
+      jax.ShapeDtypeStruct(shape, jnp.int32),
+      jax.ShapeDtypeStruct(shape[:-1], jnp.int32),
+    ),
+    vmap_method="broadcast_all",
+  )
+  return call(
+    jax.lax.stop_gradient(a).astype(jnp.float32), jax.lax.stop_gradient(lam).astype(jnp.float32), k=np.int64(k)
+  )

@@ -40,14 +40,33 @@ import numpy as np
 
 from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
-from sdm_jax import (checkpoint, continual, final_state, flymodel, layers, metrics, models, optim, pretrained,
-                     regularizers, sparse, train)
+from sdm_jax import (
+  checkpoint,
+  continual,
+  final_state,
+  flymodel,
+  layers,
+  metrics,
+  models,
+  optim,
+  pretrained,
+  regularizers,
+  sparse,
+  train,
+)
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
 # checked when loaded; `data_dir` = the embedding file, sdm_jax/data/embeddings.py).
-DATASETS = {"mnist": 784, "fashion_mnist": 784, "cifar10": 3072, "cifar10_jpeg": 3072, "cifar100": 3072,
-            "imagenet32": 3072, "embeddings": None}
+DATASETS = {
+  "mnist": 784,
+  "fashion_mnist": 784,
+  "cifar10": 3072,
+  "cifar10_jpeg": 3072,
+  "cifar100": 3072,
+  "imagenet32": 3072,
+  "embeddings": None,
+}
 MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 # ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
@@ -60,10 +79,23 @@ def _fail(field: str, message: str):
 
 
 # Integer fields (a float or bool here would fail deep inside JAX, or silently truncate).
-INT_FIELDS = ("num_classes", "classes_per_task", "epochs_per_task", "eval_every", "batch_size",
-              "checkpoint_every_epochs", "keep_checkpoints", "pretrained_index", "model.input_size",
-              "model.num_classes", "model.neurons", "model.k", "model.k_max", "model.k_transition_epochs",
-              "model.n_response")
+INT_FIELDS = (
+  "num_classes",
+  "classes_per_task",
+  "epochs_per_task",
+  "eval_every",
+  "batch_size",
+  "checkpoint_every_epochs",
+  "keep_checkpoints",
+  "pretrained_index",
+  "model.input_size",
+  "model.num_classes",
+  "model.neurons",
+  "model.k",
+  "model.k_max",
+  "model.k_transition_epochs",
+  "model.n_response",
+)
 
 
 def _leaves(config, prefix=""):
@@ -107,8 +139,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if source == "tfds" and config.dataset not in ("mnist", "fashion_mnist"):
     _fail("data_source", f"'tfds' applies to mnist and fashion_mnist; {config.dataset!r} has its own loader")
   if source == "tfds" and not config.get("data_dir"):
-    _fail("data_dir", "data_source='tfds' downloads the dataset into data_dir: name a folder "
-          "(--config.data_dir=DIR)")
+    _fail("data_dir", "data_source='tfds' downloads the dataset into data_dir: name a folder (--config.data_dir=DIR)")
   _validate_model(config)
   _validate_optimizer(config.optimizer)
   _validate_regularizer(config.get("regularizer"))
@@ -120,8 +151,9 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
   if m.kind not in MODEL_KINDS:
     _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
   if DATASETS[config.dataset] is not None and m.input_size != DATASETS[config.dataset]:
-    _fail("model.input_size", f"{m.input_size} does not match {config.dataset} inputs "
-          f"({DATASETS[config.dataset]} features)")
+    _fail(
+      "model.input_size", f"{m.input_size} does not match {config.dataset} inputs ({DATASETS[config.dataset]} features)"
+    )
   if m.neurons <= 0:
     _fail("model.neurons", f"must be positive, got {m.neurons}")
   if m.k_schedule not in models.K_SCHEDULES:
@@ -147,10 +179,15 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
     if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
       _fail("model.k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
   if m.get("gaba_switch_epochs", 0.0) < 0:
-    _fail("model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}")
+    _fail(
+      "model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}"
+    )
   if m.get("gaba_switch_epochs", 0.0) > 0 and (m.kind == "flymodel" or m.k_schedule != "gaba"):
-    _fail("model.gaba_switch_epochs", f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
-          f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}")
+    _fail(
+      "model.gaba_switch_epochs",
+      f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
+      f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}",
+    )
   if not 0.0 <= m.dropout < 1.0:
     _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
   if m.threshold_method not in layers.THRESHOLD_METHODS:
@@ -200,8 +237,9 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
   if config.epochs_per_task <= 0:
     _fail("epochs_per_task", f"must be positive, got {config.epochs_per_task}")
   if config.eval_every <= 0 or config.epochs_per_task % config.eval_every:
-    _fail("eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), "
-          f"got {config.eval_every}")
+    _fail(
+      "eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), got {config.eval_every}"
+    )
   if config.batch_size <= 0:
     _fail("batch_size", f"must be positive, got {config.batch_size}")
   if not config.seeds:
@@ -223,9 +261,12 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
   if data_shards > 1 and r is not None and r.method == "si":
     _fail("mesh.data", "SI's path integral is not data-parallel; use mesh.data = 1")
   if config.get("pretrain_variant") and not config.get("pretrained"):
-    _fail("pretrained", f"this row starts from the pretrain {config.pretrain_variant!r}: run `python -m "
-          f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
-          "--workdir=DIR` and pass --config.pretrained=DIR (or --config.pretrain_variant='' for no pretraining)")
+    _fail(
+      "pretrained",
+      f"this row starts from the pretrain {config.pretrain_variant!r}: run `python -m "
+      f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
+      "--workdir=DIR` and pass --config.pretrained=DIR (or --config.pretrain_variant='' for no pretraining)",
+    )
   if config.get("pretrained") and m.kind == "flymodel":
     _fail("pretrained", "the FlyModel has no learned hidden layer to pretrain")
   if config.get("pretrained_index", 0) < 0:
@@ -234,15 +275,24 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
 
 def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
   m = config.model
-  common = dict(input_size=m.input_size, neurons=m.neurons, num_classes=m.num_classes,
-                threshold_method=m.threshold_method)
+  common = dict(
+    input_size=m.input_size, neurons=m.neurons, num_classes=m.num_classes, threshold_method=m.threshold_method
+  )
   if m.kind == "relu":
     return models.relu_mlp(dropout=m.dropout, **common)
-  fields = dict(k=m.k, k_schedule=m.k_schedule, inhibition=m.inhibition,
-                gaba_switch_activations=float(m.gaba_switch_activations), k_max=m.k_max or None,
-                k_transition_epochs=m.k_transition_epochs, hidden_bias=m.hidden_bias,
-                output_bias=m.output_bias, positive_weights=m.positive_weights, l2_norm=m.l2_norm,
-                dropout=m.dropout)
+  fields = dict(
+    k=m.k,
+    k_schedule=m.k_schedule,
+    inhibition=m.inhibition,
+    gaba_switch_activations=float(m.gaba_switch_activations),
+    k_max=m.k_max or None,
+    k_transition_epochs=m.k_transition_epochs,
+    hidden_bias=m.hidden_bias,
+    output_bias=m.output_bias,
+    positive_weights=m.positive_weights,
+    l2_norm=m.l2_norm,
+    dropout=m.dropout,
+  )
   if m.kind == "topk":
     return models.topk_mlp(**{**common, **fields})
   return models.sdmlp(**{**common, **fields})
@@ -253,16 +303,24 @@ def regularizer_spec(config: ml_collections.ConfigDict):
   r = config.get("regularizer")
   if r is None or r.method == "none":
     return None
-  return regularizers.RegularizerSpec(method=r.method, strength=float(r.strength), beta=float(r.beta),
-                                      fisher=r.fisher, fisher_labels=r.fisher_labels, online=bool(r.online),
-                                      decay=float(r.decay), si_variant=r.si_variant)
+  return regularizers.RegularizerSpec(
+    method=r.method,
+    strength=float(r.strength),
+    beta=float(r.beta),
+    fisher=r.fisher,
+    fisher_labels=r.fisher_labels,
+    online=bool(r.online),
+    decay=float(r.decay),
+    si_variant=r.si_variant,
+  )
 
 
 def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
   o = config.optimizer
   if config.get("train_step", "auto") != "auto" or not sparse.eligible(
-      spec, optimizer=o.name, weight_decay=o.weight_decay, regularized=regularizer_spec(config) is not None):
+    spec, optimizer=o.name, weight_decay=o.weight_decay, regularized=regularizer_spec(config) is not None
+  ):
     return None
   if train.resolve_seed_loop("auto") != "map":
     return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
@@ -273,8 +331,9 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
 
 def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   o = config.optimizer
-  return optim.for_model(spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum,
-                         weight_decay=o.weight_decay)
+  return optim.for_model(
+    spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum, weight_decay=o.weight_decay
+  )
 
 
 def data_identity(config: ml_collections.ConfigDict) -> dict | None:
@@ -304,17 +363,22 @@ def check_same_data(progress: dict, identity: dict | None, where: pathlib.Path) 
   saved = progress["data_identity"]
   if content(saved) != content(identity):
     file = (identity or saved)["file"]
-    raise ValueError(f"refusing to resume {where}: the data file {file} changed since the checkpoint was "
-                     f"saved (then {content(saved) or 'none'}, now {content(identity) or 'none'}). Restore the "
-                     f"old file, or start fresh: delete {where.parent} or use a new --workdir")
+    raise ValueError(
+      f"refusing to resume {where}: the data file {file} changed since the checkpoint was "
+      f"saved (then {content(saved) or 'none'}, now {content(identity) or 'none'}). Restore the "
+      f"old file, or start fresh: delete {where.parent} or use a new --workdir"
+    )
   return None
 
 
 def load_data(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The run's dataset (`data.load_dataset`) from `dataset`, `data_dir` and `data_source`."""
   source = config.get("data_source", "local")
-  return data_lib.load_dataset(config.dataset, config.data_dir or None,
-                               **({"source": source} if config.dataset in ("mnist", "fashion_mnist") else {}))
+  return data_lib.load_dataset(
+    config.dataset,
+    config.data_dir or None,
+    **({"source": source} if config.dataset in ("mnist", "fashion_mnist") else {}),
+  )
 
 
 def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
@@ -325,8 +389,11 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   dataset = load_data(config)
   features = int(np.prod(dataset["train_images"].shape[1:]))
   if features != config.model.input_size:
-    _fail("model.input_size", f"{config.model.input_size} does not match the {features} features of "
-          f"{config.dataset} ({dataset.get('source', config.data_dir)})")
+    _fail(
+      "model.input_size",
+      f"{config.model.input_size} does not match the {features} features of "
+      f"{config.dataset} ({dataset.get('source', config.data_dir)})",
+    )
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
   orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
   return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=config.class_order != "ordinal")
@@ -347,8 +414,11 @@ def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks
   sizes = np.asarray(tasks.train_sizes).reshape(-1, tasks.num_tasks)
   smallest = int(sizes.min())
   if config.batch_size > smallest and config.model.kind != "flymodel":  # (one pass, no batches)
-    _fail("batch_size", f"{config.batch_size} is larger than the smallest task, which has {smallest} training "
-          f"examples (task sizes: {sorted(set(sizes.ravel().tolist()))}); use at most {smallest}")
+    _fail(
+      "batch_size",
+      f"{config.batch_size} is larger than the smallest task, which has {smallest} training "
+      f"examples (task sizes: {sorted(set(sizes.ravel().tolist()))}); use at most {smallest}",
+    )
   epochs = float(config.model.get("gaba_switch_epochs", 0.0))
   if epochs <= 0:
     return config
@@ -376,9 +446,11 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     raise ValueError(f"refusing to reuse {workdir}: its config.json cannot be read ({e}); use a new --workdir") from e
   differences = checkpoint.config_differences(saved, json.loads(config.to_json_best_effort(sort_keys=True)))
   if differences:
-    raise ValueError(f"refusing to reuse {workdir}: it holds the results of a run whose config differs in "
-                     + "; ".join(d.replace("checkpoint:", "workdir:") for d in differences)
-                     + ". Rerun with the same config, or use a new --workdir.")
+    raise ValueError(
+      f"refusing to reuse {workdir}: it holds the results of a run whose config differs in "
+      + "; ".join(d.replace("checkpoint:", "workdir:") for d in differences)
+      + ". Rerun with the same config, or use a new --workdir."
+    )
 
 
 def _lossy_note(tasks) -> str:
@@ -442,11 +514,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return run_flymodel(config, workdir, tasks=tasks, start=start_time)
   spec = model_spec(config)
   if config.model.get("gaba_switch_epochs", 0.0) > 0:
-    logging.info(f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
-         f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)")
+    logging.info(
+      f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
+      f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)"
+    )
   tx, regularizer = make_tx(config, spec), regularizer_spec(config)
-  states = train.init_states(np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer,
-                             num_tasks=tasks.num_tasks)
+  states = train.init_states(
+    np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks
+  )
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
     logging.info(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
@@ -454,18 +529,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
   mesh = mesh_lib.from_config(config)
   states = mesh_lib.to_mesh(states, mesh)
-  tasks = tasks.replace(**{name: mesh_lib.to_mesh(getattr(tasks, name), mesh, seed_axis=tasks.seed_axis)
-                           for name in continual.TASK_ARRAYS})
-  engine = continual.make_engine(spec, tx, schedule_of(config), seed_axis=tasks.seed_axis, regularizer=regularizer,
-                                 sparse_sgd=sparse_step_for(config, spec), mesh=mesh)
+  tasks = tasks.replace(
+    **{name: mesh_lib.to_mesh(getattr(tasks, name), mesh, seed_axis=tasks.seed_axis) for name in continual.TASK_ARRAYS}
+  )
+  engine = continual.make_engine(
+    spec,
+    tx,
+    schedule_of(config),
+    seed_axis=tasks.seed_axis,
+    regularizer=regularizer,
+    sparse_sgd=sparse_step_for(config, spec),
+    mesh=mesh,
+  )
   # Every process builds the manager at the same point (orbax synchronises processes there); it
   # is read before config.json is written, so a refused resume leaves the workdir as it was.
   checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2), create=False)
   # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
-  restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, len(config.seeds), mesh),
-                                       _config_json(config))
-  note = None if restored is None else check_same_data(restored.progress, tasks.identity,
-                                                       pathlib.Path(checkpoints.directory) / str(restored.step))
+  restored = checkpoint.restore_latest(
+    checkpoints, mesh_lib.unpad(states, len(config.seeds), mesh), _config_json(config)
+  )
+  note = (
+    None
+    if restored is None
+    else check_same_data(restored.progress, tasks.identity, pathlib.Path(checkpoints.directory) / str(restored.step))
+  )
   _write_config(config, workdir, is_main)
   (workdir / "checkpoints").mkdir(exist_ok=True)
   progress, elapsed_before = continual.Progress.start(len(config.seeds), tasks.num_tasks), 0.0
@@ -473,8 +560,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if note:
       logging.warning(note)
     states, progress, elapsed_before = _resume(restored, checkpoints, mesh, tasks, config)
-  return _train(config, workdir, engine, states, tasks, progress, checkpoints=checkpoints, mesh=mesh,
-                elapsed_before=elapsed_before, is_main=is_main)
+  return _train(
+    config,
+    workdir,
+    engine,
+    states,
+    tasks,
+    progress,
+    checkpoints=checkpoints,
+    mesh=mesh,
+    elapsed_before=elapsed_before,
+    is_main=is_main,
+  )
 
 
 def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.Tasks, config):
@@ -482,13 +579,17 @@ def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.T
   unreadable newer checkpoints are set aside, each with one line in the log."""
   where = pathlib.Path(checkpoints.directory) / str(restored.step)
   for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
-    logging.warning(f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
-         f"the unreadable one is kept in {moved}")
+    logging.warning(
+      f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
+      f"the unreadable one is kept in {moved}"
+    )
   progress = continual.Progress.from_json(restored.progress)
   total = schedule_of(config).blocks_per_task * tasks.num_tasks
   elapsed = restored.progress["elapsed_s"]
-  logging.info(f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
-       f"({fmt_duration(elapsed)} of training so far)")
+  logging.info(
+    f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
+    f"({fmt_duration(elapsed)} of training so far)"
+  )
   return mesh_lib.pad(restored.states, mesh), progress, elapsed
 
 
@@ -511,8 +612,9 @@ class _Speed:
     if not self.seconds:
       return "rate and ETA from the next block (this one compiled)"
     rate = self.steps / self.seconds
-    remaining = (sum(self.steps_per_block[task + 1:]) * self.blocks_per_task
-                 + self.steps_per_block[task] * (self.blocks_per_task - block_in_task - 1))
+    remaining = sum(self.steps_per_block[task + 1 :]) * self.blocks_per_task + self.steps_per_block[task] * (
+      self.blocks_per_task - block_in_task - 1
+    )
     return f"{rate * num_seeds:.0f} seed-steps/s | ETA {fmt_duration(remaining / rate)}"
 
 
@@ -520,16 +622,29 @@ def _progress_line(block: continual.Block, progress: continual.Progress, config,
   num_tasks, seeds = progress.acc.shape[1], len(config.seeds)
   last = block.rows
   spread = f" ±{metrics.sem(block.full):.4f}" if seeds > 1 else ""
-  return (f"task {block.task + 1}/{num_tasks} epoch {block.epoch_in_task}/{config.epochs_per_task} | "
-          f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
-          f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
-          f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
-          + ("sparse step | " if block.ran_sparse else "")
-          + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1))
+  return (
+    f"task {block.task + 1}/{num_tasks} epoch {block.epoch_in_task}/{config.epochs_per_task} | "
+    f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
+    f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
+    f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
+    + ("sparse step | " if block.ran_sparse else "")
+    + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1)
+  )
 
 
-def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, tasks: continual.Tasks,
-           progress: continual.Progress, *, checkpoints, mesh, elapsed_before: float, is_main: bool) -> dict:
+def _train(
+  config,
+  workdir: pathlib.Path,
+  engine: continual.Engine,
+  states,
+  tasks: continual.Tasks,
+  progress: continual.Progress,
+  *,
+  checkpoints,
+  mesh,
+  elapsed_before: float,
+  is_main: bool,
+) -> dict:
   """The task loop (`continual.run`) and what happens around it: curves, checkpoints, log, results."""
   seeds, schedule = list(config.seeds), schedule_of(config)
   checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
@@ -539,23 +654,28 @@ def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, task
 
   def save(states):
     saved = dict(progress.to_json(), elapsed_s=elapsed_before + time.time() - start, data_identity=tasks.identity)
-    checkpoint.save(checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved,
-                    _config_json(config))
+    checkpoint.save(
+      checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved, _config_json(config)
+    )
 
   spec = engine.spec
-  logging.info(f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
-       f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
-       f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
-       f"backend {jax.default_backend()}")
+  logging.info(
+    f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
+    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
+    f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
+    f"backend {jax.default_backend()}"
+  )
   try:
     t0 = time.time()
     for states, block in continual.run(engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host):
       speed.update(time.time() - t0, block.task)
       writer.write_rows(block.rows)
       if block.first_sparse:
-        logging.info(f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
-             f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
-             "(exact, see sdm_jax/sparse.py)")
+        logging.info(
+          f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
+          f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
+          "(exact, see sdm_jax/sparse.py)"
+        )
       if block.warning:
         logging.warning(block.warning)
       if block.task_end or progress.blocks_done % checkpoint_every == 0:
@@ -581,15 +701,25 @@ def _train(config, workdir: pathlib.Path, engine: continual.Engine, states, task
 
 def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
   summary = results["summary"]
-  logging.info(f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
-       + (f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
-          if summary["num_seeds"] > 1 else "")
-       + f"; wall time {fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
-       + _lossy_note(tasks))
+  logging.info(
+    f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
+    + (
+      f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
+      if summary["num_seeds"] > 1
+      else ""
+    )
+    + f"; wall time {fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+    + _lossy_note(tasks)
+  )
 
 
-def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, tasks: continual.Tasks | None = None,
-                 start: float | None = None) -> dict:
+def run_flymodel(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  *,
+  tasks: continual.Tasks | None = None,
+  start: float | None = None,
+) -> dict:
   """FlyModel: one closed-form pass per task, every seed in one vmapped program.
 
   As the authors' FlyModel/TestingFlyModel.ipynb (paper App. G.2; docs/reference_code.md#flymodel).
@@ -603,10 +733,17 @@ def run_flymodel(config: ml_collections.ConfigDict, workdir: pathlib.Path, *, ta
   if tasks is None:
     tasks = build_tasks(config).replace(identity=data_identity(config))
   seeds, m = list(config.seeds), config.model
-  logging.info(f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
-       f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)")
-  run = functools.partial(flymodel.run_split, n_kc=m.neurons, n_response=m.n_response,
-                          lr=config.optimizer.learning_rate, num_classes=config.num_classes)
+  logging.info(
+    f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
+    f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)"
+  )
+  run = functools.partial(
+    flymodel.run_split,
+    n_kc=m.neurons,
+    n_response=m.n_response,
+    lr=config.optimizer.learning_rate,
+    num_classes=config.num_classes,
+  )
   data = [getattr(tasks, name) for name in continual.TASK_ARRAYS]
   keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
   if train.resolve_seed_loop("auto") == "map":  # CPU: one seed after another (see train.resolve_seed_loop)
@@ -635,22 +772,45 @@ def load_final_state(path) -> tuple[np.ndarray, dict, np.ndarray]:
   return state.seeds, state.params, state.gaba_counts
 
 
-def _results(config, spec, tasks: continual.Tasks, progress: continual.Progress, wall: float, status: str,
-             failure: str | None, *, blocks_per_task: int | None = None) -> dict:
+def _results(
+  config,
+  spec,
+  tasks: continual.Tasks,
+  progress: continual.Progress,
+  wall: float,
+  status: str,
+  failure: str | None,
+  *,
+  blocks_per_task: int | None = None,
+) -> dict:
   """results.json: the run (status, wall time, machine, data, model) and `continual.summarize`."""
   blocks_per_task = blocks_per_task or schedule_of(config).blocks_per_task
   summary = continual.summarize(progress, tasks, list(config.seeds), blocks_per_task, task_incremental=spec is not None)
-  return dict(status=status, failure=failure, wall_time_s=wall, machine=_machine(),
-              epochs_per_task=config.epochs_per_task, tasks_finished=summary["tasks_finished"],
-              dataset=dict(name=config.dataset, source=tasks.source, lossy=tasks.lossy, identity=tasks.identity),
-              pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
-              model=dict(kind=config.model.kind, neurons=config.model.neurons,
-                         k=spec.k if spec else None, k_schedule=spec.k_schedule if spec else None,
-                         n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
-                         regularizer=config.regularizer.method if config.get("regularizer") else "none"),
-              summary=summary["summary"], per_seed=summary["per_seed"], warnings=summary["warnings"])
+  return dict(
+    status=status,
+    failure=failure,
+    wall_time_s=wall,
+    machine=_machine(),
+    epochs_per_task=config.epochs_per_task,
+    tasks_finished=summary["tasks_finished"],
+    dataset=dict(name=config.dataset, source=tasks.source, lossy=tasks.lossy, identity=tasks.identity),
+    pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
+    model=dict(
+      kind=config.model.kind,
+      neurons=config.model.neurons,
+      k=spec.k if spec else None,
+      k_schedule=spec.k_schedule if spec else None,
+      n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
+      regularizer=config.regularizer.method if config.get("regularizer") else "none",
+    ),
+    summary=summary["summary"],
+    per_seed=summary["per_seed"],
+    warnings=summary["warnings"],
+  )
 
 
 def _machine() -> str:
-  return (f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-          f"jax {jax.__version__} ({jax.default_backend()})")
+  return (
+    f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+    f"jax {jax.__version__} ({jax.default_backend()})"
+  )

@@ -51,5 +51,11 @@ def load(path: str | pathlib.Path) -> FinalState:
         node[leaf] = f[name]
     get = lambda name: f[name] if name in f.files else None
     data = get("data")
-    return FinalState(get("seeds"), params, get("gaba_counts"), get("epoch"),
-                      json.loads(str(data)) if data is not None else None, frozenset(f.files))
+    return FinalState(
+      get("seeds"),
+      params,
+      get("gaba_counts"),
+      get("epoch"),
+      json.loads(str(data)) if data is not None else None,
+      frozenset(f.files),
+    )

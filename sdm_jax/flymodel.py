@@ -178,8 +178,9 @@ def write_rows(readout: jax.Array, sums: jax.Array, classes: jax.Array, lr) -> j
   return jnp.asarray(readout).at[classes].set(jnp.minimum(lr * sums[classes], 1.0))
 
 
-def learn_task(readout: jax.Array, codes: jax.Array, labels: jax.Array, classes: jax.Array, lr,
-               valid=None) -> jax.Array:
+def learn_task(
+  readout: jax.Array, codes: jax.Array, labels: jax.Array, classes: jax.Array, lr, valid=None
+) -> jax.Array:
   """One pass over a task: fresh rows for `classes` from their examples' codes; earlier rows frozen.
 
   Args:
@@ -206,7 +207,8 @@ def _chunked(x: jax.Array, chunk_size: int):
   pad = num_chunks * chunk_size - n
   x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
   return x.reshape((num_chunks, chunk_size) + x.shape[1:]), jnp.arange(num_chunks * chunk_size).reshape(
-      num_chunks, chunk_size)
+    num_chunks, chunk_size
+  )
 
 
 def encoded_class_sums(projection, x, labels, size, *, num_classes: int, chunk_size: int = 512):
@@ -226,9 +228,22 @@ def encoded_class_sums(projection, x, labels, size, *, num_classes: int, chunk_s
   return lax.map(one, (xs, ys, positions)).sum(axis=0)
 
 
-def run_split(key, train_x, train_y, train_sizes, test_x, test_y, test_sizes, task_classes, *,
-              n_kc: int = 10_000, n_response: int = 32, lr=0.01, num_classes: int = 10,
-              chunk_size: int = 512) -> jax.Array:
+def run_split(
+  key,
+  train_x,
+  train_y,
+  train_sizes,
+  test_x,
+  test_y,
+  test_sizes,
+  task_classes,
+  *,
+  n_kc: int = 10_000,
+  n_response: int = 32,
+  lr=0.01,
+  num_classes: int = 10,
+  chunk_size: int = 512,
+) -> jax.Array:
   """Class-incremental FlyModel on padded tasks; returns acc [after task i, on task j].
 
   Inputs are as from `data.pad_tasks`: train_x [T, N, ...], train_y [T, N],
@@ -272,5 +287,14 @@ def run_split(key, train_x, train_y, train_sizes, test_x, test_y, test_sizes, ta
   return (correct.T / jnp.maximum(test_sizes, 1)[None, :]).astype(jnp.float32)
 
 
-__all__ = ["init", "kept_count", "encode", "class_sums", "write_rows", "learn_task", "predict",
-           "encoded_class_sums", "run_split"]
+__all__ = [
+  "init",
+  "kept_count",
+  "encode",
+  "class_sums",
+  "write_rows",
+  "learn_task",
+  "predict",
+  "encoded_class_sums",
+  "run_split",
+]

@@ -109,8 +109,9 @@ def _kth_largest_chunked(a: jax.Array, k: jax.Array, k_bound: int) -> jax.Array:
   return value.reshape(batch_shape)
 
 
-def top_values_and_indices(a: jax.Array, m: int, *, axis: int = -1,
-                           chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+def top_values_and_indices(
+  a: jax.Array, m: int, *, axis: int = -1, chunk: int | None = None
+) -> tuple[jax.Array, jax.Array]:
   """The m largest values along `axis` of a 2-D array, in descending order, and their indices.
 
   Exact, ties counted with multiplicity (like a sort), for non-negative `a`.

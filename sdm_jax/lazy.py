@@ -99,8 +99,7 @@ def neuron_activity(grads: optax.Updates) -> Any:
   hidden_bias = grads["hidden"].get("bias") if hasattr(grads["hidden"], "get") else None
   if hidden_bias is not None:
     fired = fired | (hidden_bias != 0)
-  per_neuron = {("hidden", "kernel"): fired[None, :], ("output", "kernel"): fired[:, None],
-                ("hidden", "bias"): fired}
+  per_neuron = {("hidden", "kernel"): fired[None, :], ("output", "kernel"): fired[:, None], ("hidden", "bias"): fired}
 
   def mask(path, g):
     keys = tuple(getattr(k, "key", None) for k in path)
@@ -129,11 +128,13 @@ def _select_param_like(active, new_state, old_state, like):
 
 class LazyState(NamedTuple):
   """State of `lazy`: the wrapped transformation's state."""
+
   inner_state: optax.OptState
 
 
-def lazy(inner: optax.GradientTransformation, *,
-         activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+def lazy(
+  inner: optax.GradientTransformation, *, activity_fn: ActivityFn = neuron_activity
+) -> optax.GradientTransformation:
   """Freezes `inner`'s update and params-shaped state wherever `activity_fn(grads)` is False.
 
   Args:
@@ -162,13 +163,15 @@ def lazy(inner: optax.GradientTransformation, *,
 
 class ScaleByAdamPerElementCountState(NamedTuple):
   """Adam moments plus a step count per element (shaped like the params, int32)."""
+
   count: optax.Updates
   mu: optax.Updates
   nu: optax.Updates
 
 
-def scale_by_adam_per_element_count(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                                    eps_root: float = 0.0) -> optax.GradientTransformation:
+def scale_by_adam_per_element_count(
+  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0
+) -> optax.GradientTransformation:
   """`optax.scale_by_adam` with the bias-correction count kept per element.
 
   Kingma & Ba (2015) Alg. 1 with t counted per parameter entry. Unwrapped, every
@@ -179,8 +182,10 @@ def scale_by_adam_per_element_count(b1: float = 0.9, b2: float = 0.999, eps: flo
 
   def init_fn(params):
     return ScaleByAdamPerElementCountState(
-        count=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params),
-        mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params))
+      count=jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.int32), params),
+      mu=optax.tree.zeros_like(params),
+      nu=optax.tree.zeros_like(params),
+    )
 
   def update_fn(updates, state, params=None):
     del params
@@ -196,24 +201,37 @@ def scale_by_adam_per_element_count(b1: float = 0.9, b2: float = 0.999, eps: flo
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def lazy_sgdm(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.9, *,
-              nesterov: bool = False,
-              activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+def lazy_sgdm(
+  learning_rate: optax.ScalarOrSchedule,
+  momentum: float = 0.9,
+  *,
+  nesterov: bool = False,
+  activity_fn: ActivityFn = neuron_activity,
+) -> optax.GradientTransformation:
   """Lazy SGD with momentum, torch convention (buffer = μ buffer + g) as `optim.base_optimizer`."""
-  return lazy(optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov),
-              activity_fn=activity_fn)
+  return lazy(optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov), activity_fn=activity_fn)
 
 
-def lazy_rmsprop(learning_rate: optax.ScalarOrSchedule, decay: float = 0.99, eps: float = 1e-8, *,
-                 activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+def lazy_rmsprop(
+  learning_rate: optax.ScalarOrSchedule,
+  decay: float = 0.99,
+  eps: float = 1e-8,
+  *,
+  activity_fn: ActivityFn = neuron_activity,
+) -> optax.GradientTransformation:
   """Lazy RMSProp, torch defaults (α 0.99, eps outside the root), as `optim.base_optimizer`."""
-  return lazy(optax.rmsprop(learning_rate, decay=decay, eps=eps, eps_in_sqrt=False),
-              activity_fn=activity_fn)
+  return lazy(optax.rmsprop(learning_rate, decay=decay, eps=eps, eps_in_sqrt=False), activity_fn=activity_fn)
 
 
-def lazy_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-              eps: float = 1e-8, *, per_neuron_count: bool = True,
-              activity_fn: ActivityFn = neuron_activity) -> optax.GradientTransformation:
+def lazy_adam(
+  learning_rate: optax.ScalarOrSchedule,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  *,
+  per_neuron_count: bool = True,
+  activity_fn: ActivityFn = neuron_activity,
+) -> optax.GradientTransformation:
   """Lazy Adam (torch defaults).
 
   Args:
@@ -225,8 +243,7 @@ def lazy_adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float 
     activity_fn: see `lazy`.
   """
   if per_neuron_count:
-    inner = optax.chain(scale_by_adam_per_element_count(b1, b2, eps),
-                        optax.scale_by_learning_rate(learning_rate))
+    inner = optax.chain(scale_by_adam_per_element_count(b1, b2, eps), optax.scale_by_learning_rate(learning_rate))
   else:
     inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
   return lazy(inner, activity_fn=activity_fn)

@@ -73,11 +73,14 @@ def mesh_shape(seed: int = -1, data: int = 1, num_devices: int | None = None) ->
   if not isinstance(seed, int) or seed < 1:
     raise ValueError(f"config.mesh.seed: must be a positive integer or -1 (all devices), got {seed!r}")
   if seed * data > num_devices:
-    raise ValueError(f"config.mesh.seed: seed x data = {seed} x {data} needs {seed * data} devices, "
-                     f"only {num_devices} are visible")
+    raise ValueError(
+      f"config.mesh.seed: seed x data = {seed} x {data} needs {seed * data} devices, only {num_devices} are visible"
+    )
   if seed * data != num_devices and jax.process_count() > 1:
-    raise ValueError(f"config.mesh.seed: with {jax.process_count()} processes the mesh must use every device "
-                     f"({num_devices}), got seed x data = {seed * data}")
+    raise ValueError(
+      f"config.mesh.seed: with {jax.process_count()} processes the mesh must use every device "
+      f"({num_devices}), got seed x data = {seed * data}"
+    )
   return seed, data
 
 
@@ -87,7 +90,7 @@ def make_mesh(seed: int = -1, data: int = 1, devices: Sequence[jax.Device] | Non
   devices = list(jax.devices() if devices is None else devices)
   seed, data = mesh_shape(seed, data, len(devices))
   auto = (jax.sharding.AxisType.Auto,) * 2
-  return jax.make_mesh((seed, data), AXES, axis_types=auto, devices=devices[:seed * data])
+  return jax.make_mesh((seed, data), AXES, axis_types=auto, devices=devices[: seed * data])
 
 
 def from_config(config) -> Mesh | None:
@@ -138,9 +141,11 @@ def put(tree: Any, sharding: NamedSharding) -> Any:
   another process's devices does not: every process passes the same values
   and fills in its own shards.
   """
+
   def one(x):
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
   return jax.tree.map(one, tree)
 
 
@@ -191,6 +196,7 @@ def _pad(tree, *, size: int, sharding):
   def one(a):
     a = jax.numpy.concatenate([a, jax.numpy.repeat(a[-1:], size - a.shape[0], axis=0)])
     return jax.lax.with_sharding_constraint(a, sharding)
+
   return jax.tree.map(one, tree)
 
 
@@ -211,10 +217,12 @@ def to_mesh(tree: Any, mesh: Mesh | None, *, seed_axis: bool = True) -> Any:
   return pad(tree, mesh) if seed_axis else tree
 
 
-def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+def initialize_distributed(
+  coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> None:
   """`jax.distributed.initialize` (before any other JAX call). With no arguments it
   detects the cluster (TPU pod slices, SLURM, Open MPI); on CPU pass all three.
   CPU collectives across processes use gloo (the default in jax 0.10)."""
-  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                             process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )

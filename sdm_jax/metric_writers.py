@@ -48,6 +48,7 @@ class TensorBoardWriter:
 
   def __init__(self, logdir: str | pathlib.Path):
     import tensorboardX  # (imported when a run writes: 0.2 s)
+
     self._writer = tensorboardX.SummaryWriter(str(logdir))
 
   def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
@@ -56,8 +57,10 @@ class TensorBoardWriter:
 
   def write_rows(self, rows: Iterable[dict]) -> None:
     for row in rows:
-      self.write_scalars(int(row["epoch"]), {f"seed_{row['seed']}/{name}": float(value)
-                                             for name, value in row.items() if name not in LABELS})
+      self.write_scalars(
+        int(row["epoch"]),
+        {f"seed_{row['seed']}/{name}": float(value) for name, value in row.items() if name not in LABELS},
+      )
     self._writer.flush()
 
   def close(self) -> None:

@@ -47,7 +47,7 @@ def forgetting(acc: np.ndarray) -> float:
   num_tasks = acc.shape[0]
   if num_tasks < 2:
     return 0.0
-  drops = [acc[j:num_tasks - 1, j].max() - acc[-1, j] for j in range(num_tasks - 1)]
+  drops = [acc[j : num_tasks - 1, j].max() - acc[-1, j] for j in range(num_tasks - 1)]
   return float(np.mean(drops))
 
 
@@ -61,11 +61,17 @@ def backward_transfer(acc: np.ndarray) -> float:
 
 def summarize(acc: np.ndarray, acc_task_incremental: np.ndarray | None = None, test_sizes=None) -> dict:
   """All metrics of a finished run, class-incremental and (optionally) task-incremental."""
-  out = dict(final_accuracy=final_accuracy(acc, test_sizes), average_accuracy=average_accuracy(acc),
-             forgetting=forgetting(acc), backward_transfer=backward_transfer(acc))
+  out = dict(
+    final_accuracy=final_accuracy(acc, test_sizes),
+    average_accuracy=average_accuracy(acc),
+    forgetting=forgetting(acc),
+    backward_transfer=backward_transfer(acc),
+  )
   if acc_task_incremental is not None:
-    out.update(final_accuracy_task_incremental=final_accuracy(acc_task_incremental, test_sizes),
-               average_accuracy_task_incremental=average_accuracy(acc_task_incremental),
-               forgetting_task_incremental=forgetting(acc_task_incremental),
-               backward_transfer_task_incremental=backward_transfer(acc_task_incremental))
+    out.update(
+      final_accuracy_task_incremental=final_accuracy(acc_task_incremental, test_sizes),
+      average_accuracy_task_incremental=average_accuracy(acc_task_incremental),
+      forgetting_task_incremental=forgetting(acc_task_incremental),
+      backward_transfer_task_incremental=backward_transfer(acc_task_incremental),
+    )
   return out

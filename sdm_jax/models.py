@@ -85,15 +85,25 @@ def sdmlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **overri
 
 def relu_mlp(input_size: int, neurons: int, num_classes: int, dropout: float = 0.0, **overrides) -> ModelSpec:
   """The ReLU MLP baseline (reference CLASSIC_FFN): biases, no constraints, optional dropout."""
-  return ModelSpec(input_size=input_size, neurons=neurons, num_classes=num_classes, k_schedule="none",
-                   hidden_bias=True, output_bias=True, positive_weights=False, l2_norm=False,
-                   dropout=dropout, **overrides)
+  return ModelSpec(
+    input_size=input_size,
+    neurons=neurons,
+    num_classes=num_classes,
+    k_schedule="none",
+    hidden_bias=True,
+    output_bias=True,
+    positive_weights=False,
+    l2_norm=False,
+    dropout=dropout,
+    **overrides,
+  )
 
 
 def topk_mlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **overrides) -> ModelSpec:
   """The Top-K baseline (reference FFN_TOP_K): biases, linear-decay mask, no constraints."""
-  fields = dict(k_schedule="linear", inhibition="mask", hidden_bias=True, output_bias=True,
-                positive_weights=False, l2_norm=False)
+  fields = dict(
+    k_schedule="linear", inhibition="mask", hidden_bias=True, output_bias=True, positive_weights=False, l2_norm=False
+  )
   fields.update(overrides)
   return ModelSpec(input_size=input_size, neurons=neurons, num_classes=num_classes, k=k, **fields)
 
@@ -120,8 +130,8 @@ def init_params(key, spec: ModelSpec) -> dict:
   """
   hidden_key, output_key = jax.random.split(key)
   params = {
-      "hidden": _torch_linear_init(hidden_key, spec.input_size, spec.neurons, spec.hidden_bias),
-      "output": init_output_layer(output_key, spec),
+    "hidden": _torch_linear_init(hidden_key, spec.input_size, spec.neurons, spec.hidden_bias),
+    "output": init_output_layer(output_key, spec),
   }
   return project_params(params, spec)
 
@@ -162,8 +172,9 @@ def _threshold_k_bound(spec: ModelSpec) -> int | None:
   return spec.k + (1 if spec.inhibition == "subtract" or spec.k_schedule == "gaba" else 0)
 
 
-def hidden_activations(params: dict, x: jax.Array, *, spec: ModelSpec, k=None,
-                       gaba_counts: jax.Array | None = None) -> jax.Array:
+def hidden_activations(
+  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts: jax.Array | None = None
+) -> jax.Array:
   """a* of Eq. 4 / Eq. 8 (or plain ReLU), shape [batch, neurons]."""
   x = layers.sdm_input(x, positive=spec.positive_weights, normalize=spec.l2_norm)
   a = x @ params["hidden"]["kernel"]
@@ -177,8 +188,9 @@ def hidden_activations(params: dict, x: jax.Array, *, spec: ModelSpec, k=None,
   else:
     # k is fixed by the spec (the threshold's static rank bound depends on it).
     if isinstance(k, int) and k != spec.k:
-      raise ValueError(f"k={k} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; "
-                       "build a spec with that k instead")
+      raise ValueError(
+        f"k={k} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; build a spec with that k instead"
+      )
     k = spec.k
   bound = _threshold_k_bound(spec)
   method = spec.threshold_method
@@ -193,8 +205,9 @@ def hidden_activations(params: dict, x: jax.Array, *, spec: ModelSpec, k=None,
   return layers.topk_mask(a, layers.kth_largest(a, k, method=method, k_bound=bound))
 
 
-def forward(params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts=None,
-            dropout_key=None) -> tuple[jax.Array, jax.Array]:
+def forward(
+  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts=None, dropout_key=None
+) -> tuple[jax.Array, jax.Array]:
   """Logits and hidden activations. Dropout is applied only when a key is given (training)."""
   hidden = hidden_activations(params, x, spec=spec, k=k, gaba_counts=gaba_counts)
   if spec.dropout > 0 and dropout_key is not None:

@@ -51,8 +51,9 @@ def project_after_update(projection: Callable) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def base_optimizer(name: str, learning_rate: float, *, momentum: float = 0.9,
-                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+def base_optimizer(
+  name: str, learning_rate: float, *, momentum: float = 0.9, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
   """The authors' optimisers, torch defaults where optax's differ.
 
   As in TrentBrick/SDMContinualLearner, models/Base_Model.py, `configure_optimizers`
@@ -81,9 +82,15 @@ def base_optimizer(name: str, learning_rate: float, *, momentum: float = 0.9,
   raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
 
 
-def make_optimizer(name: str, learning_rate: float, *, clip_norm: float | None = 1.0,
-                   momentum: float = 0.9, weight_decay: float = 0.0,
-                   projection: Callable | None = None) -> optax.GradientTransformation:
+def make_optimizer(
+  name: str,
+  learning_rate: float,
+  *,
+  clip_norm: float | None = 1.0,
+  momentum: float = 0.9,
+  weight_decay: float = 0.0,
+  projection: Callable | None = None,
+) -> optax.GradientTransformation:
   """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint."""
   parts = []
   if clip_norm:
@@ -94,7 +101,9 @@ def make_optimizer(name: str, learning_rate: float, *, clip_norm: float | None =
   return optax.chain(*parts)
 
 
-def for_model(spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options) -> optax.GradientTransformation:
+def for_model(
+  spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options
+) -> optax.GradientTransformation:
   """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
   addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
   momentum, weight_decay."""

@@ -46,11 +46,24 @@ FINAL_STATE = "final_state.npz"
 # them from the checkpoint (py_scripts/combine_params.py, `get_params_net_dataloader`: custom > dataset
 # > checkpoint > defaults; docs/reference_code.md#configuration), so a continual run must use the same
 # values. The output head (num_classes, output_bias), dropout and the threshold's numerics may differ.
-MATCH_FIELDS = ("kind", "input_size", "neurons", "hidden_bias", "k", "k_schedule", "inhibition",
-                "gaba_switch_activations", "k_max", "k_transition_epochs", "positive_weights", "l2_norm")
-_IGNORED_BY_KIND = {"relu": ("k", "k_schedule", "inhibition", "gaba_switch_activations", "k_max",
-                             "k_transition_epochs"),
-                    "topk": ("gaba_switch_activations",)}
+MATCH_FIELDS = (
+  "kind",
+  "input_size",
+  "neurons",
+  "hidden_bias",
+  "k",
+  "k_schedule",
+  "inhibition",
+  "gaba_switch_activations",
+  "k_max",
+  "k_transition_epochs",
+  "positive_weights",
+  "l2_norm",
+)
+_IGNORED_BY_KIND = {
+  "relu": ("k", "k_schedule", "inhibition", "gaba_switch_activations", "k_max", "k_transition_epochs"),
+  "topk": ("gaba_switch_activations",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +102,15 @@ def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
   """
   file = resolve(path)
   if not file.is_file():
-    raise ValueError(f"config.pretrained: no {FINAL_STATE} at {file} (run experiments.pretrain first; "
-                     "its --workdir is what config.pretrained names)")
+    raise ValueError(
+      f"config.pretrained: no {FINAL_STATE} at {file} (run experiments.pretrain first; "
+      "its --workdir is what config.pretrained names)"
+    )
   state = final_state.load(file)
   if not {"seeds", "gaba_counts", "params/hidden/kernel"} <= state.names:
-    raise ValueError(f"config.pretrained: {file} is not a final state written by a pretrain "
-                     f"(it holds {sorted(state.names)})")
+    raise ValueError(
+      f"config.pretrained: {file} is not a final state written by a pretrain (it holds {sorted(state.names)})"
+    )
   num_seeds = len(state.seeds)
   if not 0 <= index < num_seeds:
     raise ValueError(f"config.pretrained_index: {index} out of range; {file} holds {num_seeds} seed(s)")
@@ -116,14 +132,20 @@ def check_compatible(config, pre: Pretrained) -> None:
   kernel = pre.hidden["kernel"]
   where = f"the pretrained checkpoint {pre.path}"
   if kernel.shape[0] != m.input_size:
-    raise ValueError(f"config.model.input_size: {m.input_size}, but {where} has a hidden kernel of shape "
-                     f"{list(kernel.shape)} ({kernel.shape[0]} inputs)")
+    raise ValueError(
+      f"config.model.input_size: {m.input_size}, but {where} has a hidden kernel of shape "
+      f"{list(kernel.shape)} ({kernel.shape[0]} inputs)"
+    )
   if kernel.shape[1] != m.neurons:
-    raise ValueError(f"config.model.neurons: {m.neurons}, but {where} has a hidden kernel of shape "
-                     f"{list(kernel.shape)} ({kernel.shape[1]} neurons)")
+    raise ValueError(
+      f"config.model.neurons: {m.neurons}, but {where} has a hidden kernel of shape "
+      f"{list(kernel.shape)} ({kernel.shape[1]} neurons)"
+    )
   if ("bias" in pre.hidden) != bool(m.hidden_bias):
-    raise ValueError(f"config.model.hidden_bias: {m.hidden_bias}, but {where} "
-                     f"{'has' if 'bias' in pre.hidden else 'has no'} hidden bias")
+    raise ValueError(
+      f"config.model.hidden_bias: {m.hidden_bias}, but {where} "
+      f"{'has' if 'bias' in pre.hidden else 'has no'} hidden bias"
+    )
   if pre.model is None:
     return
   ignored = _IGNORED_BY_KIND.get(m.kind, ())
@@ -131,9 +153,11 @@ def check_compatible(config, pre: Pretrained) -> None:
     if field in ignored or field not in pre.model:
       continue
     if pre.model[field] != m[field]:
-      raise ValueError(f"config.model.{field}: {m[field]!r}, but {where} was pretrained with "
-                       f"{pre.model[field]!r} ({pre.path.parent / 'config.json'}); the reference inherits it "
-                       f"from the checkpoint: set --config.model.{field}={pre.model[field]!r}")
+      raise ValueError(
+        f"config.model.{field}: {m[field]!r}, but {where} was pretrained with "
+        f"{pre.model[field]!r} ({pre.path.parent / 'config.json'}); the reference inherits it "
+        f"from the checkpoint: set --config.model.{field}={pre.model[field]!r}"
+      )
 
 
 def _key(identity: dict | None) -> str | None:
@@ -154,16 +178,19 @@ def check_same_embedder(pre: Pretrained, data: dict | None) -> str | None:
   theirs, ours = _key(pre.data), _key(data)
   if theirs and ours and theirs != ours:
     raise ValueError(
-        f"config.pretrained: {pre.path} was pretrained on {pre.data.get('file')} (embedder key {theirs}), "
-        f"but config.data_dir {data.get('file')} was embedded by another embedder (key {ours}): the pretrained "
-        "addresses do not live in this embedding space. Embed CIFAR with the pretrain's embedder, or pretrain "
-        "again on embeddings from the new one (experiments.embed, then experiments.pretrain)")
+      f"config.pretrained: {pre.path} was pretrained on {pre.data.get('file')} (embedder key {theirs}), "
+      f"but config.data_dir {data.get('file')} was embedded by another embedder (key {ours}): the pretrained "
+      "addresses do not live in this embedding space. Embed CIFAR with the pretrain's embedder, or pretrain "
+      "again on embeddings from the new one (experiments.embed, then experiments.pretrain)"
+    )
   if bool(theirs) != bool(ours):
     pre_side = f"the pretrain {pre.path} ({_describe(pre.data)})"
     run_side = f"this run's data ({_describe(data)})"
     has, lacks = (pre_side, run_side) if theirs else (run_side, pre_side)
-    return (f"embedder not checked: {has} records an embedder key, {lacks} does not "
-            "(pixels, or an embedding file or pretrain made without one)")
+    return (
+      f"embedder not checked: {has} records an embedder key, {lacks} does not "
+      "(pixels, or an embedding file or pretrain made without one)"
+    )
   return None
 
 
@@ -173,9 +200,14 @@ def _describe(identity: dict | None) -> str:
   return f"{identity.get('file')}, embedder key {_key(identity)}" if _key(identity) else str(identity.get("file"))
 
 
-def start_from(states: train.TrainState, pre: Pretrained, *, tx: optax.GradientTransformation,
-               regularizer: regularizers.RegularizerSpec | None = None,
-               num_tasks: int = 1) -> train.TrainState:
+def start_from(
+  states: train.TrainState,
+  pre: Pretrained,
+  *,
+  tx: optax.GradientTransformation,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  num_tasks: int = 1,
+) -> train.TrainState:
   """Freshly initialised states (leading seed axis) -> the same with the pretrained hidden layer.
 
   Kept from the pretrain, bit for bit: the hidden layer, the GABA counters,
@@ -193,7 +225,12 @@ def start_from(states: train.TrainState, pre: Pretrained, *, tx: optax.GradientT
     if regularizer is not None:
       slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
       reg = regularizers.init(params, num_slots=slots)
-    return state.replace(params=params, opt_state=tx.init(params), gaba_counts=counts,
-                         epoch=jnp.asarray(pre.epoch, state.epoch.dtype), reg=reg)
+    return state.replace(
+      params=params,
+      opt_state=tx.init(params),
+      gaba_counts=counts,
+      epoch=jnp.asarray(pre.epoch, state.epoch.dtype),
+      reg=reg,
+    )
 
   return jax.jit(jax.vmap(one))(states)

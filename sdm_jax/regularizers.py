@@ -135,10 +135,17 @@ def init(params, *, num_slots: int = 1) -> RegState:
     raise ValueError(f"num_slots must be >= 1, got {num_slots}")
   zeros_slots = jax.tree.map(lambda p: jnp.zeros((num_slots,) + jnp.shape(p), jnp.float32), params)
   zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
-  return RegState(anchor=zeros_slots, importance=zeros_slots,
-                  filled=jnp.zeros((num_slots,), bool), consolidations=jnp.zeros((), jnp.int32),
-                  w=zeros, prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params),
-                  curvature=zeros, center=zeros, offset=jnp.zeros((), jnp.float32))
+  return RegState(
+    anchor=zeros_slots,
+    importance=zeros_slots,
+    filled=jnp.zeros((num_slots,), bool),
+    consolidations=jnp.zeros((), jnp.int32),
+    w=zeros,
+    prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params),
+    curvature=zeros,
+    center=zeros,
+    offset=jnp.zeros((), jnp.float32),
+  )
 
 
 def fold(reg_state: RegState) -> RegState:
@@ -155,8 +162,7 @@ def fold(reg_state: RegState) -> RegState:
     return curvature, center, offset
 
   folded = jax.tree.map(per_leaf, reg_state.anchor, reg_state.importance)
-  leaves_of = lambda i: jax.tree.map(lambda _, f: f[i], reg_state.w, folded,
-                                     is_leaf=lambda x: isinstance(x, tuple))
+  leaves_of = lambda i: jax.tree.map(lambda _, f: f[i], reg_state.w, folded, is_leaf=lambda x: isinstance(x, tuple))
   return reg_state.replace(curvature=leaves_of(0), center=leaves_of(1), offset=sum(jax.tree.leaves(leaves_of(2))))
 
 
@@ -170,8 +176,7 @@ def penalty(params, reg_state: RegState, strength) -> jax.Array:
   task loss every step once a slot is filled. Its gradient is 2λ Σ_slots Ω (θ − θ*).
   Computed from the folded form λ (Σ A (θ − m)² + R) (see `RegState`).
   """
-  per_leaf = jax.tree.map(lambda p, a, m: jnp.sum(a * jnp.square(p - m)), params, reg_state.curvature,
-                          reg_state.center)
+  per_leaf = jax.tree.map(lambda p, a, m: jnp.sum(a * jnp.square(p - m)), params, reg_state.curvature, reg_state.center)
   return strength * (sum(jax.tree.leaves(per_leaf)) + reg_state.offset)
 
 
@@ -186,10 +191,14 @@ def store_slot(reg_state: RegState, params, importance) -> RegState:
   """
   index = reg_state.consolidations % reg_state.num_slots
   write = lambda slots, value: slots.at[index].set(jnp.asarray(value, slots.dtype))
-  return fold(reg_state.replace(anchor=jax.tree.map(write, reg_state.anchor, params),
-                                importance=jax.tree.map(write, reg_state.importance, importance),
-                                filled=reg_state.filled.at[index].set(True),
-                                consolidations=reg_state.consolidations + 1))
+  return fold(
+    reg_state.replace(
+      anchor=jax.tree.map(write, reg_state.anchor, params),
+      importance=jax.tree.map(write, reg_state.importance, importance),
+      filled=reg_state.filled.at[index].set(True),
+      consolidations=reg_state.consolidations + 1,
+    )
+  )
 
 
 def update_online_slot(reg_state: RegState, params, importance, *, decay=1.0) -> RegState:
@@ -197,13 +206,20 @@ def update_online_slot(reg_state: RegState, params, importance, *, decay=1.0) ->
 
   decay = 1 accumulates (MAS, SI), decay = 0 replaces (L2); online EWC uses γ.
   """
+
   def write(slots, value, old_weight):
     return slots.at[0].set(old_weight * slots[0] + jnp.asarray(value, slots.dtype))
 
   anchor = jax.tree.map(lambda s, p: write(s, p, 0.0), reg_state.anchor, params)
   omega = jax.tree.map(lambda s, v: write(s, v, decay), reg_state.importance, importance)
-  return fold(reg_state.replace(anchor=anchor, importance=omega, filled=reg_state.filled.at[0].set(True),
-                                consolidations=reg_state.consolidations + 1))
+  return fold(
+    reg_state.replace(
+      anchor=anchor,
+      importance=omega,
+      filled=reg_state.filled.at[0].set(True),
+      consolidations=reg_state.consolidations + 1,
+    )
+  )
 
 
 def end_task_l2(reg_state: RegState, params) -> RegState:
@@ -226,22 +242,25 @@ def end_task_mas(reg_state: RegState, params, importance) -> RegState:
 
 def si_importance(reg_state: RegState, params, *, damping=SI_DAMPING):
   """Zenke et al. Eq. 5: Ω_task = w / ((θ − θ_prev)² + ξ)."""
-  return jax.tree.map(lambda w, p, prev: w / (jnp.square(p - prev) + damping),
-                      reg_state.w, params, reg_state.prev_params)
+  return jax.tree.map(
+    lambda w, p, prev: w / (jnp.square(p - prev) + damping), reg_state.w, params, reg_state.prev_params
+  )
 
 
 def end_task_si(reg_state: RegState, params, *, damping=SI_DAMPING) -> RegState:
   """SI at a task boundary: Ω += w/((θ − θ_prev)² + ξ), θ* = θ, then w = 0, θ_prev = θ."""
   new = update_online_slot(reg_state, params, si_importance(reg_state, params, damping=damping))
-  return new.replace(w=jax.tree.map(jnp.zeros_like, reg_state.w),
-                     prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params))
+  return new.replace(
+    w=jax.tree.map(jnp.zeros_like, reg_state.w), prev_params=jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+  )
 
 
 # ------------------------------------------------------------------ losses and batches
 
 
-def tempered_nll(params, x, labels, valid=None, *, logits_fn: LogitsFn, beta=1.0,
-                 reduction: Literal["sum", "mean"] = "sum") -> jax.Array:
+def tempered_nll(
+  params, x, labels, valid=None, *, logits_fn: LogitsFn, beta=1.0, reduction: Literal["sum", "mean"] = "sum"
+) -> jax.Array:
   """NLL of the β-tempered softmax, −log softmax(β z)[label] (paper App. "Beta Coefficient").
 
   β < 1 makes a confident model less so, so that importances get a gradient
@@ -298,9 +317,19 @@ def _sum_over_batches(batch_term, params, x, key, size, *, batch_size, num_batch
 # ------------------------------------------------------------------ EWC
 
 
-def fisher_reference(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn, beta=1.0,
-                     batch_size: int = REFERENCE_BATCH_SIZE, num_batches: int = REFERENCE_NUM_BATCHES,
-                     divisor=REFERENCE_FISHER_DIVISOR):
+def fisher_reference(
+  params,
+  x,
+  y=None,
+  size=None,
+  key=None,
+  *,
+  logits_fn: LogitsFn,
+  beta=1.0,
+  batch_size: int = REFERENCE_BATCH_SIZE,
+  num_batches: int = REFERENCE_NUM_BATCHES,
+  divisor=REFERENCE_FISHER_DIVISOR,
+):
   """The authors' Fisher estimate ("EWC-MEMORY", models/CL_Benchmarks.py), quirks included.
 
   For each of the first `num_batches` shuffled batches of `batch_size`:
@@ -320,15 +349,26 @@ def fisher_reference(params, x, y=None, size=None, key=None, *, logits_fn: Logit
       logp = jax.nn.log_softmax(beta * logits, axis=-1)
       nll = -jnp.take_along_axis(logp, predicted[:, None], axis=-1)[:, 0]
       return jnp.sum(jnp.where(ok, nll, 0.0))
+
     return jax.tree.map(jnp.square, jax.grad(loss)(p))
 
   total = _sum_over_batches(batch_term, params, x, key, size, batch_size=batch_size, num_batches=num_batches)
   return jax.tree.map(lambda t: t / divisor, total)
 
 
-def fisher_exact(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn, beta=1.0,
-                 labels: Literal["true", "sampled", "predicted"] = "true", num_examples: int | None = None,
-                 chunk_size: int = 32):
+def fisher_exact(
+  params,
+  x,
+  y=None,
+  size=None,
+  key=None,
+  *,
+  logits_fn: LogitsFn,
+  beta=1.0,
+  labels: Literal["true", "sampled", "predicted"] = "true",
+  num_examples: int | None = None,
+  chunk_size: int = 32,
+):
   """Diagonal Fisher from per-example gradients: mean_i (∇_θ log p_β(label_i | x_i))².
 
   The textbook estimate (Kirkpatrick et al. 2017): labels "sampled" from the
@@ -381,9 +421,18 @@ def fisher_exact(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn,
 # ------------------------------------------------------------------ MAS
 
 
-def mas_importance(params, x, y=None, size=None, key=None, *, logits_fn: LogitsFn,
-                   batch_size: int = REFERENCE_BATCH_SIZE, num_batches: int = REFERENCE_NUM_BATCHES,
-                   divisor=None):
+def mas_importance(
+  params,
+  x,
+  y=None,
+  size=None,
+  key=None,
+  *,
+  logits_fn: LogitsFn,
+  batch_size: int = REFERENCE_BATCH_SIZE,
+  num_batches: int = REFERENCE_NUM_BATCHES,
+  divisor=None,
+):
   """MAS (Aljundi et al. 2018) as the authors compute it (models/CL_Benchmarks.py).
 
   Per batch: loss = mean over the batch's examples and classes of logits²
@@ -400,6 +449,7 @@ def mas_importance(params, x, y=None, size=None, key=None, *, logits_fn: LogitsF
     def loss(p):
       squares = jnp.square(logits_fn(p, xb))
       return jnp.sum(jnp.where(ok[:, None], squares, 0.0)) / (jnp.maximum(ok.sum(), 1) * squares.shape[-1])
+
     return jax.tree.map(jnp.abs, jax.grad(loss)(p))
 
   total = _sum_over_batches(batch_term, params, x, key, size, batch_size=batch_size, num_batches=num_batches)
@@ -411,8 +461,9 @@ def mas_importance(params, x, y=None, size=None, key=None, *, logits_fn: LogitsF
 # ------------------------------------------------------------------ SI
 
 
-def si_gradient(params, x, y, valid=None, *, logits_fn: LogitsFn,
-                variant: Literal["reference", "textbook"] = "reference", beta=1.0):
+def si_gradient(
+  params, x, y, valid=None, *, logits_fn: LogitsFn, variant: Literal["reference", "textbook"] = "reference", beta=1.0
+):
   """g of SI's path integral for one training batch.
 
   "reference": the gradient of the β-tempered NLL on the TRUE labels, SUMMED
@@ -456,10 +507,22 @@ def si_accumulate(reg_state: RegState, si_grad, old_params, new_params) -> RegSt
 # ------------------------------------------------------------------ task boundary
 
 
-def consolidate(reg_state: RegState, params, x=None, y=None, size=None, key=None, *,
-                method: Literal["l2", "ewc", "mas", "si"], logits_fn: LogitsFn | None = None,
-                fisher: Literal["reference", "exact"] = "reference", online: bool = False, decay=1.0,
-                damping=SI_DAMPING, **estimator_options) -> RegState:
+def consolidate(
+  reg_state: RegState,
+  params,
+  x=None,
+  y=None,
+  size=None,
+  key=None,
+  *,
+  method: Literal["l2", "ewc", "mas", "si"],
+  logits_fn: LogitsFn | None = None,
+  fisher: Literal["reference", "exact"] = "reference",
+  online: bool = False,
+  decay=1.0,
+  damping=SI_DAMPING,
+  **estimator_options,
+) -> RegState:
   """The task-boundary update: importance on the just-finished task, then the new slot(s).
 
   Call it once per boundary (before training task t >= 1) with the params at
@@ -505,8 +568,24 @@ def num_slots_for(method: str, num_tasks: int, *, online: bool = False) -> int:
 
 
 __all__ = [
-    "RegState", "init", "penalty", "store_slot", "update_online_slot", "end_task_l2", "end_task_ewc",
-    "end_task_mas", "end_task_si", "si_importance", "tempered_nll", "importance_batches",
-    "fisher_reference", "fisher_exact", "mas_importance", "si_gradient", "si_optimizer_grads",
-    "si_accumulate", "consolidate", "num_slots_for",
+  "RegState",
+  "init",
+  "penalty",
+  "store_slot",
+  "update_online_slot",
+  "end_task_l2",
+  "end_task_ewc",
+  "end_task_mas",
+  "end_task_si",
+  "si_importance",
+  "tempered_nll",
+  "importance_batches",
+  "fisher_reference",
+  "fisher_exact",
+  "mas_importance",
+  "si_gradient",
+  "si_optimizer_grads",
+  "si_accumulate",
+  "consolidate",
+  "num_slots_for",
 ]

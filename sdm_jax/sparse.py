@@ -143,8 +143,9 @@ class SparseSGD(NamedTuple):
     return max(spec.neurons // 2, min(spec.neurons, 256))
 
 
-def ineligibility(spec: models.ModelSpec, *, optimizer: str, weight_decay: float = 0.0,
-                  regularized: bool = False) -> str | None:
+def ineligibility(
+  spec: models.ModelSpec, *, optimizer: str, weight_decay: float = 0.0, regularized: bool = False
+) -> str | None:
   """Why the sparse step could not be exact for this model/optimiser, or None if it can."""
   if spec.k_schedule not in ("gaba", "flat"):
     return f"k_schedule {spec.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"
@@ -193,8 +194,11 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
   capacity = sgd.capacity(spec)
   if sgd.address_kernel() == "ffi":
     # Selection, threshold, GABA count and the switch's two cases in one CPU kernel.
-    lam = (layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations) if spec.k_schedule == "gaba"
-           else jnp.ones((spec.neurons,), jnp.float32))
+    lam = (
+      layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
+      if spec.k_schedule == "gaba"
+      else jnp.ones((spec.neurons,), jnp.float32)
+    )
     hidden, winners, active = cpu_kernels.sparse_winners(a, lam, k=spec.k, capacity=capacity)
     most_active = jnp.max(jnp.where(valid, active, 0)) if spec.k_schedule == "gaba" else jnp.int32(0)
   else:
@@ -245,19 +249,24 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   d_logits = (jax.nn.softmax(logits) - jax.nn.one_hot(y, spec.num_classes)) * (validf / n_valid)[:, None]
   d_hidden = jnp.einsum("bc,bkc->bk", d_logits, gathered_values) * (hidden > 0)
   flat = winners.reshape(-1)
-  d_values = jnp.zeros_like(values_kernel).at[flat].add(
-      (hidden[:, :, None] * d_logits[:, None, :]).reshape(-1, spec.num_classes))
+  d_values = (
+    jnp.zeros_like(values_kernel)
+    .at[flat]
+    .add((hidden[:, :, None] * d_logits[:, None, :]).reshape(-1, spec.num_classes))
+  )
   values_sq = jnp.sum(jnp.square(d_values))
 
   touched_capacity = sgd.touched_capacity(spec, x.shape[0])
   if sgd.address_kernel() == "ffi":
     # Every touched row, no capacity (B * m axpys, in place): `cpu_kernels.sparse_update`.
-    addresses, step_size = cpu_kernels.sparse_update(addresses, x, d_hidden, winners, values_sq,
-                                                     learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
+    addresses, step_size = cpu_kernels.sparse_update(
+      addresses, x, d_hidden, winners, values_sq, learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm
+    )
     touched_fit = True
   elif touched_capacity:
-    addresses, step_size, touched_fit = _update_touched_rows(addresses, x, d_hidden, winners, values_sq, spec=spec,
-                                                             sgd=sgd, touched_capacity=touched_capacity)
+    addresses, step_size, touched_fit = _update_touched_rows(
+      addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
+    )
   else:
     addresses, step_size = _update_slot_rows(addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd)
     touched_fit = True
@@ -267,8 +276,11 @@ def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
   counts = state.gaba_counts
   if spec.k_schedule == "gaba":
     counts = counts.at[flat].add(fired.reshape(-1))
-  params = {**state.params, "hidden": {**state.params["hidden"], "kernel": addresses},
-            "output": {**state.params["output"], "kernel": values_kernel}}
+  params = {
+    **state.params,
+    "hidden": {**state.params["hidden"], "kernel": addresses},
+    "output": {**state.params["output"], "kernel": values_kernel},
+  }
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(hidden.reshape(-1))
   stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
@@ -279,8 +291,9 @@ def _clipped_step_size(grad_norm, sgd):
   """optax.clip_by_global_norm then sgd: g / ||g|| * max_norm when ||g|| >= max_norm."""
   if not sgd.clip_norm:
     return sgd.learning_rate
-  return jnp.where(grad_norm < sgd.clip_norm, sgd.learning_rate,
-                   sgd.learning_rate * sgd.clip_norm / jnp.maximum(grad_norm, 1e-38))
+  return jnp.where(
+    grad_norm < sgd.clip_norm, sgd.learning_rate, sgd.learning_rate * sgd.clip_norm / jnp.maximum(grad_norm, 1e-38)
+  )
 
 
 def _update_touched_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, touched_capacity):
@@ -328,8 +341,7 @@ def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd):
     column_bound = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(jnp.abs(flat_d_hidden))
     bound = jnp.sqrt(jnp.sum(jnp.square(column_bound)) + values_sq)
     # (1 + 1e-5): inputs are unit norm only up to float rounding.
-    step_size = _clipped_step_size(
-        jax.lax.cond(bound * (1 + 1e-5) < sgd.clip_norm, lambda: bound, exact_norm), sgd)
+    step_size = _clipped_step_size(jax.lax.cond(bound * (1 + 1e-5) < sgd.clip_norm, lambda: bound, exact_norm), sgd)
 
   # Update, then re-project only the touched address rows. The projected rows are written
   # once per neuron (its first slot; the others are dropped), which lets XLA scatter

@@ -65,7 +65,7 @@ BETA1 = 0.9
 BETA2 = 0.999
 ALPHA = 0.99
 TRUE_GRADIENT = 0.2  # the injected gradient (toy figure caption)
-WARMUP = (0, 1)      # "we first introduce two gradient updates" (steps 0 and 1, as the notebook)
+WARMUP = (0, 1)  # "we first introduce two gradient updates" (steps 0 and 1, as the notebook)
 
 
 class Trace(NamedTuple):
@@ -79,6 +79,7 @@ class Trace(NamedTuple):
     m: raw first moment (SGDM buffer, Adam m_t; zeros for RMSProp, which has none).
     v: raw second moment (Adam v_t, RMSProp v_t; zeros for SGDM).
   """
+
   update: np.ndarray
   numerator: np.ndarray
   denominator: np.ndarray
@@ -107,9 +108,17 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray, eps: float) -> np.ndarray:
   return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
 
 
-def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA1,
-             beta2: float = BETA2, alpha: float = ALPHA, eps: float = 0.0,
-             lazy: bool = False) -> Trace:
+def simulate(
+  optimizer: str,
+  grads,
+  *,
+  gamma: float = GAMMA,
+  beta1: float = BETA1,
+  beta2: float = BETA2,
+  alpha: float = ALPHA,
+  eps: float = 0.0,
+  lazy: bool = False,
+) -> Trace:
   """Runs one optimiser from a zero state over a gradient stream (paper Eqs. SGDM/Adam/RMSProp).
 
   Args:
@@ -133,7 +142,7 @@ def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA
   for t, g in enumerate(grads):
     keep = (g == 0) if lazy else np.zeros(g.shape, bool)
     if optimizer == "sgdm":
-      m = np.where(keep, m, gamma * m + g)   # Δ_t = γ Δ_{t-1} + g_t (see module docstring)
+      m = np.where(keep, m, gamma * m + g)  # Δ_t = γ Δ_{t-1} + g_t (see module docstring)
       num, den = m, np.ones_like(m)
     elif optimizer == "adam":
       m = np.where(keep, m, beta1 * m + (1 - beta1) * g)
@@ -149,8 +158,9 @@ def simulate(optimizer: str, grads, *, gamma: float = GAMMA, beta1: float = BETA
   return Trace(**out)
 
 
-def next_firing_update(optimizer: str, gaps, *, value: float = TRUE_GRADIENT,
-                       warmup: Iterable[int] = WARMUP, **hparams) -> np.ndarray:
+def next_firing_update(
+  optimizer: str, gaps, *, value: float = TRUE_GRADIENT, warmup: Iterable[int] = WARMUP, **hparams
+) -> np.ndarray:
   """Δ applied at the first firing after each quiescence gap (the toy figure's panel (c)).
 
   The weight fires (gradient `value`) at the `warmup` steps, stays silent, and
@@ -171,7 +181,7 @@ def next_firing_update(optimizer: str, gaps, *, value: float = TRUE_GRADIENT,
   if gaps.size and gaps.min() < 1:
     raise ValueError("gaps must be >= 1")
   warmup = sorted(warmup)
-  fire = warmup[-1] + gaps.ravel()                 # step of the next firing, per gap
+  fire = warmup[-1] + gaps.ravel()  # step of the next firing, per gap
   steps = int(fire.max()) + 1 if fire.size else 1
   grads = np.zeros((steps, fire.size))
   grads[warmup, :] = value
@@ -190,9 +200,16 @@ def gradient_delta(optimizer: str, gaps, *, value: float = TRUE_GRADIENT, **kwar
   return next_firing_update(optimizer, gaps, value=value, **kwargs) - value
 
 
-def closed_form_amplification(optimizer: str, gaps, *, value: float = TRUE_GRADIENT,
-                              gamma: float = GAMMA, beta1: float = BETA1, beta2: float = BETA2,
-                              alpha: float = ALPHA) -> np.ndarray:
+def closed_form_amplification(
+  optimizer: str,
+  gaps,
+  *,
+  value: float = TRUE_GRADIENT,
+  gamma: float = GAMMA,
+  beta1: float = BETA1,
+  beta2: float = BETA2,
+  alpha: float = ALPHA,
+) -> np.ndarray:
   """`amplification` in closed form for the two-step warm-up (eps = 0), value > 0.
 
   Unrolling the recursions from zero with firings at steps 0, 1 and 1 + G:
@@ -208,8 +225,15 @@ def closed_form_amplification(optimizer: str, gaps, *, value: float = TRUE_GRADI
   return 1 / (value * np.sqrt((1 - alpha) * (1 + (1 + alpha) * alpha**gaps)))
 
 
-def dense_update(optimizer: str, value: float = TRUE_GRADIENT, *, gamma: float = GAMMA,
-                 beta1: float = BETA1, beta2: float = BETA2, alpha: float = ALPHA) -> float:
+def dense_update(
+  optimizer: str,
+  value: float = TRUE_GRADIENT,
+  *,
+  gamma: float = GAMMA,
+  beta1: float = BETA1,
+  beta2: float = BETA2,
+  alpha: float = ALPHA,
+) -> float:
   """Steady-state Δ when the gradient `value` arrives at every step (t -> infinity).
 
   SGDM: g/(1−γ) = 10 g. Adam with the constant correction: m̂ -> g/(1−β1),
@@ -223,8 +247,15 @@ def dense_update(optimizer: str, value: float = TRUE_GRADIENT, *, gamma: float =
   return float(np.sign(value))
 
 
-def limit_amplification(optimizer: str, value: float = TRUE_GRADIENT, *, beta1: float = BETA1,
-                        beta2: float = BETA2, alpha: float = ALPHA, **unused) -> float:
+def limit_amplification(
+  optimizer: str,
+  value: float = TRUE_GRADIENT,
+  *,
+  beta1: float = BETA1,
+  beta2: float = BETA2,
+  alpha: float = ALPHA,
+  **unused,
+) -> float:
   """Amplification as the gap -> infinity (all state decayed): also the first step from zero.
 
   SGDM: 1. Adam: m̂ = (1−β1)g/(1−β1) = g, √v̂ = |g|, Δ = sign g, amplification

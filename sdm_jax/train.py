@@ -67,10 +67,14 @@ class EpochMetrics(NamedTuple):
   sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/sparse.py)
 
 
-
-
-def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation,
-               regularizer: regularizers.RegularizerSpec | None = None, num_tasks: int = 1) -> TrainState:
+def init_state(
+  seed,
+  *,
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  num_tasks: int = 1,
+) -> TrainState:
   """Initial state for one integer seed (vmap this over an array of seeds)."""
   key = jax.random.PRNGKey(seed)
   key, init_key = jax.random.split(key)
@@ -79,13 +83,25 @@ def init_state(seed, *, spec: models.ModelSpec, tx: optax.GradientTransformation
   if regularizer is not None:
     slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
     reg = regularizers.init(params, num_slots=slots)
-  return TrainState(params=params, opt_state=tx.init(params),
-                    gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
-                    epoch=jnp.zeros((), jnp.int32), step=jnp.zeros((), jnp.int32), key=key, reg=reg)
+  return TrainState(
+    params=params,
+    opt_state=tx.init(params),
+    gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
+    epoch=jnp.zeros((), jnp.int32),
+    step=jnp.zeros((), jnp.int32),
+    key=key,
+    reg=reg,
+  )
 
 
-def init_states(seeds, *, spec: models.ModelSpec, tx: optax.GradientTransformation,
-                regularizer: regularizers.RegularizerSpec | None = None, num_tasks: int = 1) -> TrainState:
+def init_states(
+  seeds,
+  *,
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  num_tasks: int = 1,
+) -> TrainState:
   """States of several seeds stacked on a leading axis."""
   init = functools.partial(init_state, spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
   return jax.jit(jax.vmap(init))(jnp.asarray(seeds))
@@ -98,8 +114,18 @@ def to_float_input(x_uint8: jax.Array) -> jax.Array:
   return x_uint8.astype(jnp.float32)
 
 
-def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.ModelSpec, dropout_key,
-                   regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
+def loss_and_stats(
+  params,
+  state: TrainState,
+  x,
+  y,
+  valid,
+  *,
+  spec: models.ModelSpec,
+  dropout_key,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  data_axis: str | None = None,
+):
   """Mean cross-entropy over the valid examples of a batch (plus the regulariser's penalty,
   as in the reference's loss), and what the step must count.
 
@@ -109,8 +135,7 @@ def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.Model
   slices), so that the `psum` of the slices' gradients is the global batch's.
   """
   k = models.current_k(spec, state.epoch)
-  logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts,
-                                  dropout_key=dropout_key)
+  logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts, dropout_key=dropout_key)
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   n_valid = valid.sum() if data_axis is None else jax.lax.psum(valid.sum(), data_axis)
   n_valid = jnp.maximum(n_valid, 1)
@@ -124,13 +149,20 @@ def loss_and_stats(params, state: TrainState, x, y, valid, *, spec: models.Model
 def eval_logits_fn(state: TrainState, *, spec: models.ModelSpec):
   """`logits_fn(params, x)` of the model in evaluation mode (no dropout), for the regularisers."""
   k = models.current_k(spec, state.epoch)
-  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, k=k,
-                                          gaba_counts=state.gaba_counts)[0]
+  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, k=k, gaba_counts=state.gaba_counts)[0]
 
 
-def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
-               tx: optax.GradientTransformation, regularizer: regularizers.RegularizerSpec | None = None,
-               data_axis: str | None = None):
+def train_step(
+  state: TrainState,
+  x_uint8,
+  y,
+  valid,
+  *,
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  data_axis: str | None = None,
+):
   """One optimiser step on one (possibly partly padded) batch.
 
   Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
@@ -144,15 +176,22 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
   if dropout_key is not None and data_axis is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(data_axis))
   grad_fn = jax.value_and_grad(loss_and_stats, has_aux=True)
-  (loss, (logits, hidden)), grads = grad_fn(state.params, state, x, y, valid, spec=spec,
-                                            dropout_key=dropout_key, regularizer=regularizer,
-                                            data_axis=data_axis)
+  (loss, (logits, hidden)), grads = grad_fn(
+    state.params, state, x, y, valid, spec=spec, dropout_key=dropout_key, regularizer=regularizer, data_axis=data_axis
+  )
   if data_axis is not None:
     grads, loss = jax.lax.psum((grads, loss), data_axis)
   si = regularizer is not None and regularizer.method == "si"
   if si:  # SI's path-integral gradient, every step of every task (docs/reference_code.md#si)
-    si_grad = regularizers.si_gradient(state.params, x, y, valid, logits_fn=eval_logits_fn(state, spec=spec),
-                                       variant=regularizer.si_variant, beta=regularizer.beta)
+    si_grad = regularizers.si_gradient(
+      state.params,
+      x,
+      y,
+      valid,
+      logits_fn=eval_logits_fn(state, spec=spec),
+      variant=regularizer.si_variant,
+      beta=regularizer.beta,
+    )
     grads = regularizers.si_optimizer_grads(grads, si_grad, variant=regularizer.si_variant)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -160,8 +199,12 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
     state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
   validf = valid.astype(jnp.float32)[:, None]
   fired = (hidden > 0).astype(jnp.float32) * validf
-  counted = (valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), jnp.sum(hidden * validf, axis=0),
-             fired.sum(0))
+  counted = (
+    valid.sum(),
+    jnp.sum((jnp.argmax(logits, -1) == y) & valid),
+    jnp.sum(hidden * validf, axis=0),
+    fired.sum(0),
+  )
   if data_axis is not None:
     counted = jax.lax.psum(counted, data_axis)
   n_valid, correct, activity, fired_per_neuron = counted
@@ -171,9 +214,19 @@ def train_step(state: TrainState, x_uint8, y, valid, *, spec: models.ModelSpec,
   return new_state, stats
 
 
-def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.ModelSpec,
-                tx: optax.GradientTransformation, batch_size: int, sparse_sgd: sparse.SparseSGD | None = None,
-                regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
+def train_epoch(
+  state: TrainState,
+  x_task,
+  y_task,
+  task_size,
+  *,
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  batch_size: int,
+  sparse_sgd: sparse.SparseSGD | None = None,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  data_axis: str | None = None,
+):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
   The number of scanned batches is ceil(rows / batch_size) for the padded
@@ -207,10 +260,10 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
 
     def step(state):
       if sparse_sgd is not None:
-        return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec,
-                                 sgd=sparse_sgd)
-      return train_step(state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer,
-                        data_axis=data_axis)
+        return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec, sgd=sparse_sgd)
+      return train_step(
+        state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
+      )
 
     def skip(state):
       return state, zeros
@@ -219,21 +272,37 @@ def train_epoch(state: TrainState, x_task, y_task, task_size, *, spec: models.Mo
     totals = jax.tree.map(jnp.add, totals, stats)
     return (state, totals), None
 
-  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()),
-           jnp.zeros((), jnp.int32))
+  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()), jnp.zeros((), jnp.int32))
   (state, (loss_sum, correct, activity, active, sparse_steps)), _ = jax.lax.scan(
-      body, (state, zeros), (order, positions))
+    body, (state, zeros), (order, positions)
+  )
   count = jnp.maximum(task_size, 1).astype(jnp.float32)
   steps = jnp.maximum(-(-task_size // batch_size), 1)
-  metrics = EpochMetrics(loss=loss_sum / count, accuracy=correct / count,
-                         dead_fraction=jnp.mean(activity < DEAD_ACTIVITY_THRESHOLD),
-                         active_per_example=active / count, sparse_fraction=sparse_steps / steps)
+  metrics = EpochMetrics(
+    loss=loss_sum / count,
+    accuracy=correct / count,
+    dead_fraction=jnp.mean(activity < DEAD_ACTIVITY_THRESHOLD),
+    active_per_example=active / count,
+    sparse_fraction=sparse_steps / steps,
+  )
   return state.replace(epoch=state.epoch + 1), metrics
 
 
-def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec, tx, batch_size: int,
-                 epochs: int, sparse_sgd: sparse.SparseSGD | None = None,
-                 regularizer: regularizers.RegularizerSpec | None = None, data_axis: str | None = None):
+def train_epochs(
+  state: TrainState,
+  train_x,
+  train_y,
+  train_sizes,
+  task,
+  *,
+  spec,
+  tx,
+  batch_size: int,
+  epochs: int,
+  sparse_sgd: sparse.SparseSGD | None = None,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  data_axis: str | None = None,
+):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
   With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.sparse`;
@@ -243,8 +312,18 @@ def train_epochs(state: TrainState, train_x, train_y, train_sizes, task, *, spec
   x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
 
   def body(state, _):
-    return train_epoch(state, x_task, y_task, size, spec=spec, tx=tx, batch_size=batch_size,
-                       sparse_sgd=sparse_sgd, regularizer=regularizer, data_axis=data_axis)
+    return train_epoch(
+      state,
+      x_task,
+      y_task,
+      size,
+      spec=spec,
+      tx=tx,
+      batch_size=batch_size,
+      sparse_sgd=sparse_sgd,
+      regularizer=regularizer,
+      data_axis=data_axis,
+    )
 
   if sparse_sgd is None:
     return jax.lax.scan(body, state, None, length=epochs)
@@ -257,7 +336,7 @@ SEED_LOOPS = ("auto", "vmap", "map")
 
 
 def resolve_seed_loop(seed_loop: str) -> str:
-  """"auto" = `lax.map` on CPU, `vmap` elsewhere.
+  """ "auto" = `lax.map` on CPU, `vmap` elsewhere.
 
   On XLA:CPU a vmapped matmul becomes a batched dot_general that runs ~1.6x
   slower than the plain one, even for one seed (benchmarks/README.md);
@@ -296,10 +375,18 @@ def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_ar
   return mapped
 
 
-def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation, batch_size: int,
-                     epochs: int, seed_axis_data: bool, seed_loop: str = "auto",
-                     sparse_sgd: sparse.SparseSGD | None = None,
-                     regularizer: regularizers.RegularizerSpec | None = None, mesh=None):
+def make_train_block(
+  *,
+  spec: models.ModelSpec,
+  tx: optax.GradientTransformation,
+  batch_size: int,
+  epochs: int,
+  seed_axis_data: bool,
+  seed_loop: str = "auto",
+  sparse_sgd: sparse.SparseSGD | None = None,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  mesh=None,
+):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
   Args:
@@ -314,8 +401,10 @@ def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation
       `seed` axis) are split over `seed`, each batch over `data`; None: one device.
   """
   if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularized=regularizer is not None):
-    raise ValueError("the sparse step is not exact here: "
-                     + sparse.ineligibility(spec, optimizer="sgd", regularized=regularizer is not None))
+    raise ValueError(
+      "the sparse step is not exact here: "
+      + sparse.ineligibility(spec, optimizer="sgd", regularized=regularizer is not None)
+    )
   data_axis = mesh_lib.data_axis(mesh)
   if data_axis is not None:
     if sparse_sgd is not None:
@@ -323,12 +412,22 @@ def make_train_block(*, spec: models.ModelSpec, tx: optax.GradientTransformation
     if regularizer is not None and regularizer.method == "si":
       raise ValueError("SI's path integral is not data-parallel: use a mesh without a `data` axis")
     if batch_size % mesh.shape[mesh_lib.DATA]:
-      raise ValueError(f"batch size {batch_size} is not a multiple of the mesh's data axis "
-                       f"({mesh.shape[mesh_lib.DATA]})")
-  fn = functools.partial(train_epochs, spec=spec, tx=tx, batch_size=batch_size, epochs=epochs,
-                         sparse_sgd=sparse_sgd, regularizer=regularizer, data_axis=data_axis)
-  fn = mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh,
-                            seed_axis_data=seed_axis_data)
+      raise ValueError(
+        f"batch size {batch_size} is not a multiple of the mesh's data axis ({mesh.shape[mesh_lib.DATA]})"
+      )
+  fn = functools.partial(
+    train_epochs,
+    spec=spec,
+    tx=tx,
+    batch_size=batch_size,
+    epochs=epochs,
+    sparse_sgd=sparse_sgd,
+    regularizer=regularizer,
+    data_axis=data_axis,
+  )
+  fn = mesh_lib.shard_seeds(
+    over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh, seed_axis_data=seed_axis_data
+  )
   return jax.jit(fn, donate_argnums=0)
 
 
@@ -367,8 +466,15 @@ class SparseSchedule(NamedTuple):
 SPARSE_RETRY_BLOCKS = 10
 
 
-def run_block_scheduled(states: TrainState, *data, dense_block, sparse_block=None, capacity: int = 0,
-                        schedule: SparseSchedule = SparseSchedule(), block_index: int = 0):
+def run_block_scheduled(
+  states: TrainState,
+  *data,
+  dense_block,
+  sparse_block=None,
+  capacity: int = 0,
+  schedule: SparseSchedule = SparseSchedule(),
+  block_index: int = 0,
+):
   """`run_block`, trying the sparse step once the last block showed at most `capacity` active units
   per example (the GABA switch nearly done); a try that was not exact backs off for a while.
 
@@ -376,16 +482,29 @@ def run_block_scheduled(states: TrainState, *data, dense_block, sparse_block=Non
   block's active count with `schedule._replace(active_last=...)` once the
   metrics are on the host (with several processes they are gathered first).
   """
-  try_sparse = (sparse_block is not None and schedule.active_last is not None
-                and schedule.active_last <= capacity and block_index >= schedule.retry_at)
-  states, metrics, ran_sparse = run_block(states, *data, dense_block=dense_block,
-                                          sparse_block=sparse_block if try_sparse else None)
+  try_sparse = (
+    sparse_block is not None
+    and schedule.active_last is not None
+    and schedule.active_last <= capacity
+    and block_index >= schedule.retry_at
+  )
+  states, metrics, ran_sparse = run_block(
+    states, *data, dense_block=dense_block, sparse_block=sparse_block if try_sparse else None
+  )
   retry_at = block_index + SPARSE_RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
   return states, metrics, ran_sparse, schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at)
 
 
-def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: models.ModelSpec,
-             regularizer: regularizers.RegularizerSpec) -> TrainState:
+def end_task(
+  state: TrainState,
+  train_x,
+  train_y,
+  train_sizes,
+  task,
+  *,
+  spec: models.ModelSpec,
+  regularizer: regularizers.RegularizerSpec,
+) -> TrainState:
   """The task boundary: importances on the just-finished task `task`, new anchors.
 
   As the authors' `learn_task` (models/CL_Benchmarks.py; docs/reference_code.md#regularisers).
@@ -394,19 +513,36 @@ def end_task(state: TrainState, train_x, train_y, train_sizes, task, *, spec: mo
   that task's training data through the model in evaluation mode.
   """
   key = jax.random.fold_in(state.key, task)  # the importance loader's shuffle
-  reg = regularizers.consolidate(state.reg, state.params, train_x[task], train_y[task], train_sizes[task], key,
-                                 method=regularizer.method, logits_fn=eval_logits_fn(state, spec=spec),
-                                 **regularizer.estimator_options())
+  reg = regularizers.consolidate(
+    state.reg,
+    state.params,
+    train_x[task],
+    train_y[task],
+    train_sizes[task],
+    key,
+    method=regularizer.method,
+    logits_fn=eval_logits_fn(state, spec=spec),
+    **regularizer.estimator_options(),
+  )
   return state.replace(reg=reg)
 
 
-def make_end_task(*, spec: models.ModelSpec, regularizer: regularizers.RegularizerSpec, seed_axis_data: bool,
-                  seed_loop: str = "auto", mesh=None):
+def make_end_task(
+  *,
+  spec: models.ModelSpec,
+  regularizer: regularizers.RegularizerSpec,
+  seed_axis_data: bool,
+  seed_loop: str = "auto",
+  mesh=None,
+):
   """jit of `end_task` over the leading seed axis (over the mesh's `seed` axis with `mesh`;
   the devices of a `data` axis compute the same importances)."""
   fn = functools.partial(end_task, spec=spec, regularizer=regularizer)
-  return jax.jit(mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh,
-                                      seed_axis_data=seed_axis_data))
+  return jax.jit(
+    mesh_lib.shard_seeds(
+      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh, seed_axis_data=seed_axis_data
+    )
+  )
 
 
 class EvalCounts(NamedTuple):
@@ -425,8 +561,7 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
 
   def one_task(args):
     x, y, size, classes = args
-    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, k=k,
-                               gaba_counts=state.gaba_counts)
+    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, k=k, gaba_counts=state.gaba_counts)
     valid = jnp.arange(x.shape[0]) < size
     in_task = jnp.zeros((num_classes,), bool).at[classes].set(True)
     masked = jnp.where(in_task, logits, -jnp.inf)
@@ -441,6 +576,11 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
 def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto", mesh=None):
   """jit of `evaluate_tasks` over the leading seed axis (over the mesh's `seed` axis with `mesh`)."""
   fn = functools.partial(evaluate_tasks, spec=spec)
-  return jax.jit(mesh_lib.shard_seeds(over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop,
-                                                 num_data_args=4), mesh, seed_axis_data=seed_axis_data,
-                                      num_data_args=4))
+  return jax.jit(
+    mesh_lib.shard_seeds(
+      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=4),
+      mesh,
+      seed_axis_data=seed_axis_data,
+      num_data_args=4,
+    )
+  )

@@ -36,8 +36,9 @@ def test_activation_counts_match_a_loop():
   assert counts[:, 0].sum() - strict[:, 0].sum() == 5
   # Counts of a concatenation are the sum over its parts (what the batched statistics rely on).
   np.testing.assert_array_equal(
-      analysis.activation_counts(hidden[:70], labels[:70], 4) + analysis.activation_counts(hidden[70:], labels[70:], 4),
-      counts)
+    analysis.activation_counts(hidden[:70], labels[:70], 4) + analysis.activation_counts(hidden[70:], labels[70:], 4),
+    counts,
+  )
 
 
 def test_activation_counts_reject_bad_labels():
@@ -53,9 +54,7 @@ def test_neuron_entropy_hand_worked_example():
   #   n1 fires 2+2 in classes 0 and 1      -> p = (1/2, 1/2, 0)     -> H = ln 2 = 0.693147...
   #   n2 never fires                       -> left out
   #   n3 fires 2+1+1                       -> p = (1/2, 1/4, 1/4)   -> H = 1.5 ln 2 = 1.039721...
-  counts = np.array([[4, 2, 0, 2],
-                     [0, 2, 0, 1],
-                     [0, 0, 0, 1]])
+  counts = np.array([[4, 2, 0, 2], [0, 2, 0, 1], [0, 0, 0, 1]])
   e = analysis.neuron_class_entropy(counts)
   zero_term = -2 * 1e-15 * math.log(1e-15)
   h = [zero_term, math.log(2), 1.5 * math.log(2)]
@@ -95,8 +94,16 @@ def test_curves_over_seeds():
   rows = []
   for seed, offset in ((0, 0.0), (1, 0.2)):
     for epoch, task in ((1, 0), (2, 0), (3, 1), (4, 1)):
-      rows.append(dict(seed=seed, task=task, epoch=epoch, full_accuracy=0.1 * epoch + offset,
-                       accuracy_task1=offset, accuracy_task0=1.0))
+      rows.append(
+        dict(
+          seed=seed,
+          task=task,
+          epoch=epoch,
+          full_accuracy=0.1 * epoch + offset,
+          accuracy_task1=offset,
+          accuracy_task0=1.0,
+        )
+      )
   c = analysis.curves_over_seeds(rows)
   np.testing.assert_array_equal(c.epoch, [1, 2, 3, 4])
   np.testing.assert_array_equal(c.task, [0, 0, 1, 1])
@@ -143,14 +150,17 @@ def test_neuron_statistics_match_one_forward_pass(kind):
   x = rng.integers(0, 256, (50, 784), dtype=np.uint8)
   y = rng.integers(0, 10, 50)
   counts = np.full(40, 1e12, np.float32)  # GABA switch done: lambda = +1, at most k fire
-  stats = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, epoch=epoch,
-                                     batch_size=16)
+  stats = analysis.neuron_statistics(
+    params, x, y, spec=spec, num_classes=10, gaba_counts=counts, epoch=epoch, batch_size=16
+  )
   _, hidden = models.forward(params, x.astype(np.float32) / 255, spec=spec, k=k, gaba_counts=counts)
   hidden = np.asarray(hidden)
   assert 3 < (hidden != 0).sum(1).max() <= k if kind == "topk" else (hidden != 0).sum(1).max() <= k
   np.testing.assert_array_equal(stats.counts, analysis.activation_counts(hidden, y, 10))
   np.testing.assert_array_equal(stats.counts_entropy, analysis.activation_counts(hidden, y, 10, 1e-3))
-  np.testing.assert_allclose(stats.activity_sum, hidden.sum(0), rtol=1e-5, atol=1e-6)  # k-th value subtracted: absolute error
+  np.testing.assert_allclose(
+    stats.activity_sum, hidden.sum(0), rtol=1e-5, atol=1e-6
+  )  # k-th value subtracted: absolute error
   np.testing.assert_allclose(stats.max_activation, hidden.max(0), rtol=1e-5, atol=1e-6)
   top2 = np.sort(hidden, axis=0)[-2:]
   clear = top2[1] - top2[0] > 1e-4  # batch shapes change float32 rounding: compare clear winners only
@@ -186,29 +196,65 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
   (path / "config.json").write_text(config.to_json_best_effort(indent=2))
   spec = experiment.model_spec(config)
   rng = np.random.default_rng(0)
-  fields = (["seed", "task", "epoch", "loss", "train_accuracy", "full_accuracy", "seen_accuracy", "dead_fraction",
-             "active_per_example", "gaba_lambda_mean"] + [f"accuracy_task{j}" for j in range(5)])
+  fields = [
+    "seed",
+    "task",
+    "epoch",
+    "loss",
+    "train_accuracy",
+    "full_accuracy",
+    "seen_accuracy",
+    "dead_fraction",
+    "active_per_example",
+    "gaba_lambda_mean",
+  ] + [f"accuracy_task{j}" for j in range(5)]
   rows, per_seed = [], []
   for seed in seeds:
     acc = np.tril(rng.random((5, 5)))
     for task in range(5):
       for e in range(config.epochs_per_task):
-        rows.append(dict(seed=seed, task=task, epoch=task * config.epochs_per_task + e + 1, loss=1.0,
-                         train_accuracy=0.9, full_accuracy=rng.random(), seen_accuracy=0.5,
-                         dead_fraction=rng.random() * 0.2, active_per_example=10 + rng.random(),
-                         gaba_lambda_mean=1.0, **{f"accuracy_task{j}": acc[task, j] for j in range(5)}))
-    per_seed.append(dict(seed=seed, class_order=list(range(10)), acc_matrix=acc.tolist(),
-                         acc_matrix_task_incremental=acc.tolist(), curves=[r for r in rows if r["seed"] == seed],
-                         final_accuracy=float(acc[-1].mean()), average_accuracy=float(acc[-1].mean()),
-                         forgetting=0.1, backward_transfer=-0.1, dead_fraction=0.05))
+        rows.append(
+          dict(
+            seed=seed,
+            task=task,
+            epoch=task * config.epochs_per_task + e + 1,
+            loss=1.0,
+            train_accuracy=0.9,
+            full_accuracy=rng.random(),
+            seen_accuracy=0.5,
+            dead_fraction=rng.random() * 0.2,
+            active_per_example=10 + rng.random(),
+            gaba_lambda_mean=1.0,
+            **{f"accuracy_task{j}": acc[task, j] for j in range(5)},
+          )
+        )
+    per_seed.append(
+      dict(
+        seed=seed,
+        class_order=list(range(10)),
+        acc_matrix=acc.tolist(),
+        acc_matrix_task_incremental=acc.tolist(),
+        curves=[r for r in rows if r["seed"] == seed],
+        final_accuracy=float(acc[-1].mean()),
+        average_accuracy=float(acc[-1].mean()),
+        forgetting=0.1,
+        backward_transfer=-0.1,
+        dead_fraction=0.05,
+      )
+    )
   with open(path / "metrics.csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-  results = dict(status="finished", wall_time_s=12.0, machine="test", epochs_per_task=config.epochs_per_task,
-                 model=dict(kind=config.model.kind, neurons=neurons, k=spec.k, k_schedule=spec.k_schedule),
-                 summary=dict(final_accuracy_mean=0.3, final_accuracy_sem=0.01, num_seeds=len(seeds)),
-                 per_seed=per_seed)
+  results = dict(
+    status="finished",
+    wall_time_s=12.0,
+    machine="test",
+    epochs_per_task=config.epochs_per_task,
+    model=dict(kind=config.model.kind, neurons=neurons, k=spec.k, k_schedule=spec.k_schedule),
+    summary=dict(final_accuracy_mean=0.3, final_accuracy_sem=0.01, num_seeds=len(seeds)),
+    per_seed=per_seed,
+  )
   (path / "results.json").write_text(json.dumps(results))
   if with_state:
     keys = jax.random.split(jax.random.key(0), len(seeds))
@@ -225,13 +271,36 @@ def test_analyze_cli_end_to_end(tmp_path):
   relu = _fake_workdir(tmp_path / "relu", "relu", seeds=(3,), with_state=False)
   out = tmp_path / "out"
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.analyze", f"--workdir={sdm}", f"--workdir={relu}", f"--out={out}",
-       "--max_examples=300", "--no_umap", "--note=runs made by the test"], capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "experiments.analyze",
+      f"--workdir={sdm}",
+      f"--workdir={relu}",
+      f"--out={out}",
+      "--max_examples=300",
+      "--no_umap",
+      "--note=runs made by the test",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   pngs = sorted(p.name for p in out.glob("*.png"))
-  assert pngs == sorted(["sdm_accuracy_per_task.png", "sdm_accuracy_matrix.png", "relu_accuracy_per_task.png",
-                         "relu_accuracy_matrix.png", "dead_neurons.png", "comparison_full_accuracy.png",
-                         "activation_count_histogram.png", "neuron_entropy.png", "sdm_receptive_fields.png"])
+  assert pngs == sorted(
+    [
+      "sdm_accuracy_per_task.png",
+      "sdm_accuracy_matrix.png",
+      "relu_accuracy_per_task.png",
+      "relu_accuracy_matrix.png",
+      "dead_neurons.png",
+      "comparison_full_accuracy.png",
+      "activation_count_histogram.png",
+      "neuron_entropy.png",
+      "sdm_receptive_fields.png",
+    ]
+  )
   report = (out / "report.md").read_text()
   for png in pngs:
     assert f"]({png})" in report

@@ -16,17 +16,18 @@ def _img(seed=0, lo=0, hi=256):
 
 
 def _op(img, name, magnitude):
-  return np.asarray(jax.jit(augment.apply_op)(jnp.asarray(img, jnp.float32), augment.OPS.index(name),
-                                              jnp.float32(magnitude)))
+  return np.asarray(
+    jax.jit(augment.apply_op)(jnp.asarray(img, jnp.float32), augment.OPS.index(name), jnp.float32(magnitude))
+  )
 
 
 def test_magnitudes_match_torchvision_bin_12_of_31():
   m = augment.magnitudes(12)
   assert m['shear_x'] == pytest.approx(0.12)
-  assert m['translate_x'] == 5.0          # int(150/331 * 32 * 12/30) = int(5.8)
+  assert m['translate_x'] == 5.0  # int(150/331 * 32 * 12/30) = int(5.8)
   assert m['rotate'] == pytest.approx(12.0)
   assert m['brightness'] == pytest.approx(0.36)
-  assert m['posterize'] == 6.0            # 8 - round(12 / 7.5)
+  assert m['posterize'] == 6.0  # 8 - round(12 / 7.5)
   assert m['solarize'] == pytest.approx(153.0)
   assert len(augment.OPS) == 14
 
@@ -43,7 +44,9 @@ def test_pixel_ops():
 def test_autocontrast_and_equalize_match_pil():
   img = _img(1, 40, 200)
   # torchvision computes autocontrast in float and truncates; PIL rounds its LUT: 1 apart at most.
-  np.testing.assert_allclose(_op(img, "autocontrast", 0.0), np.asarray(ImageOps.autocontrast(Image.fromarray(img))), atol=1)
+  np.testing.assert_allclose(
+    _op(img, "autocontrast", 0.0), np.asarray(ImageOps.autocontrast(Image.fromarray(img))), atol=1
+  )
   np.testing.assert_array_equal(_op(img, 'equalize', 0.0), np.asarray(ImageOps.equalize(Image.fromarray(img))))
 
 
@@ -67,8 +70,11 @@ def test_train_augment_flip_and_normalize():
   flipped = [np.allclose(o, r[:, ::-1]) for o, r in zip(out, ref)]
   kept = [np.allclose(o, r) for o, r in zip(out, ref)]
   assert all(f or k for f, k in zip(flipped, kept)) and 16 < sum(flipped) < 48
-  np.testing.assert_allclose(np.asarray(augment.normalize(np.full((1, 1, 1, 3), 255))).ravel(),
-                             (1 - np.array(augment.CIFAR10_MEAN)) / np.array(augment.CIFAR10_STD), rtol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(augment.normalize(np.full((1, 1, 1, 3), 255))).ravel(),
+    (1 - np.array(augment.CIFAR10_MEAN)) / np.array(augment.CIFAR10_STD),
+    rtol=1e-6,
+  )
 
 
 @pytest.mark.slow

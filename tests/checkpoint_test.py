@@ -21,15 +21,29 @@ from sdm_jax import checkpoint, experiment
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A run of ~20 short evaluation blocks, checkpointed every second one (so a kill usually lands
 # between checkpoints and the resumed run redoes some blocks).
-COMMAND = [sys.executable, "-m", "experiments.split_mnist",
-           "--config=experiments/configs/split_mnist.py:sdmlp,tiny", "--config.model.neurons=64",
-           "--config.epochs_per_task=4", "--config.eval_every=1", "--config.checkpoint_every_epochs=2",
-           "--config.seeds=(0,1)", "--config.model.gaba_switch_activations=20000"]
+COMMAND = [
+  sys.executable,
+  "-m",
+  "experiments.split_mnist",
+  "--config=experiments/configs/split_mnist.py:sdmlp,tiny",
+  "--config.model.neurons=64",
+  "--config.epochs_per_task=4",
+  "--config.eval_every=1",
+  "--config.checkpoint_every_epochs=2",
+  "--config.seeds=(0,1)",
+  "--config.model.gaba_switch_activations=20000",
+]
 
 
 def _run(workdir, **popen):
-  return subprocess.Popen(COMMAND + [f"--workdir={workdir}"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, **popen)
+  return subprocess.Popen(
+    COMMAND + [f"--workdir={workdir}"],
+    cwd=ROOT,
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    **popen,
+  )
 
 
 def _final_state(workdir):

@@ -43,9 +43,18 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
   configured = experiment.train_and_evaluate(config, tmp_path / "run")
   mnist = data.load_dataset("mnist")
   spec = experiment.model_spec(config)
-  fitted = continual.fit(mnist["train_images"], mnist["train_labels"], test_x=mnist["test_images"],
-                         test_y=mnist["test_labels"], model=spec, epochs_per_task=2, eval_every=1,
-                         batch_size=config.batch_size, seeds=(0, 1), workdir=tmp_path / "fit")
+  fitted = continual.fit(
+    mnist["train_images"],
+    mnist["train_labels"],
+    test_x=mnist["test_images"],
+    test_y=mnist["test_labels"],
+    model=spec,
+    epochs_per_task=2,
+    eval_every=1,
+    batch_size=config.batch_size,
+    seeds=(0, 1),
+    workdir=tmp_path / "fit",
+  )
   for a, b in zip(configured["per_seed"], fitted["per_seed"]):
     np.testing.assert_array_equal(a["acc_matrix"], b["acc_matrix"])
     assert a["curves"] == b["curves"]
@@ -60,8 +69,9 @@ def test_a_fixed_t_too_large_for_small_data_warns(tmp_path):
   spec = models.sdmlp(64, 200, 10, gaba_switch_activations=5e5)
   results = continual.fit(digits.data / 16.0, digits.target, model=spec, epochs_per_task=5, batch_size=32)
   assert len(results["warnings"]) == 5 and "GABA switch incomplete" in results["warnings"][0]
-  scaled = continual.fit(digits.data / 16.0, digits.target, model="sdmlp", neurons=200, epochs_per_task=5,
-                         batch_size=32)
+  scaled = continual.fit(
+    digits.data / 16.0, digits.target, model="sdmlp", neurons=200, epochs_per_task=5, batch_size=32
+  )
   assert scaled["warnings"] == []
 
 

@@ -51,8 +51,9 @@ def test_depthwise_conv_equals_grouped_conv(k):
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 6))
   layer = convmixer.DepthwiseConv(k)
   params = layer.init(jax.random.PRNGKey(1), x)
-  ref = jax.lax.conv_general_dilated(x, params['params']['kernel'], (1, 1), 'SAME',
-                                     dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=6)
+  ref = jax.lax.conv_general_dilated(
+    x, params['params']['kernel'], (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=6
+  )
   np.testing.assert_allclose(layer.apply(params, x), ref + params['params']['bias'], rtol=1e-5, atol=1e-5)
 
 
@@ -113,6 +114,7 @@ def test_two_devices_match_one(tmp_path):
   ''')
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2', JAX_PLATFORMS='cpu')
   root = pathlib.Path(__file__).resolve().parents[1]
-  result = subprocess.run([sys.executable, '-c', script], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
+  result = subprocess.run(
+    [sys.executable, '-c', script], env=env, cwd=root, capture_output=True, text=True, timeout=300
+  )
   assert result.returncode == 0 and 'ok' in result.stdout, result.stderr[-3000:]

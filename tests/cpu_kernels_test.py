@@ -31,7 +31,7 @@ def _random_problem(seed, r=40, n=784, batch=64, m=5, padded=6):
   winners = np.stack([rng.choice(r - 3, m, replace=False) for _ in range(batch)]).astype(np.int32)  # 3 untouched
   d_hidden = (rng.normal(size=(batch, m)) * 0.05).astype(np.float32)
   d_hidden[rng.random(d_hidden.shape) < 0.1] = 0.0
-  d_hidden[batch - padded:] = 0.0
+  d_hidden[batch - padded :] = 0.0
   values_sq = np.float32(rng.random() * 0.01)
   return addresses, x, d_hidden, winners, values_sq
 
@@ -70,7 +70,8 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   clip_norm = None if clip_factor is None else clip_factor * norm
   want, want_step, _ = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, clip_norm)
   got, step = jax.jit(functools.partial(cpu_kernels.sparse_update, learning_rate=lr, clip_norm=clip_norm))(
-      addresses, x, d_hidden, winners, values_sq)
+    addresses, x, d_hidden, winners, values_sq
+  )
   np.testing.assert_allclose(float(step), want_step, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
   assert np.abs(want - addresses).max() > 1e-3  # not vacuous: the rows moved (>> atol)
@@ -78,7 +79,8 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   spec = models.sdmlp(784, 40, 10, k=5)
   sgd = sparse.SparseSGD(lr, clip_norm, kernel="xla")
   xla, xla_step, fit = jax.jit(functools.partial(sparse._update_touched_rows, spec=spec, sgd=sgd, touched_capacity=40))(
-      addresses, x, d_hidden, winners, values_sq)
+    addresses, x, d_hidden, winners, values_sq
+  )
   assert bool(fit)
   np.testing.assert_allclose(float(step), float(xla_step), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(got), np.asarray(xla), atol=1e-5)
@@ -90,8 +92,9 @@ def test_update_zero_rows_and_out_of_range_winners():
   addresses, x, d_hidden, winners, values_sq = _random_problem(1, r=10, batch=8, m=2, padded=0)
   winners[0] = [9, 10]  # 10 is out of range
   x = np.full_like(x, 1 / np.sqrt(x.shape[1]))  # every coordinate of a touched row's gradient > 0
-  got, _ = cpu_kernels.sparse_update(addresses, x, np.full_like(d_hidden, 1e3), winners, values_sq,
-                                     learning_rate=1.0, clip_norm=None)
+  got, _ = cpu_kernels.sparse_update(
+    addresses, x, np.full_like(d_hidden, 1e3), winners, values_sq, learning_rate=1.0, clip_norm=None
+  )
   got = np.asarray(got)
   assert np.all(np.isfinite(got))
   assert np.all(got[np.unique(winners[winners < 10])] == 0.0)  # positive inputs, large positive gradient
@@ -120,6 +123,7 @@ def test_no_copy_of_the_addresses_inside_the_scan():
   def run(a):
     def body(a, _):
       return cpu_kernels.sparse_update(a, x, d_hidden, winners, values_sq, learning_rate=0.1, clip_norm=1.0)
+
     return jax.lax.scan(body, a, None, length=3)
 
   hlo = jax.jit(run, donate_argnums=0).lower(addresses).compile().as_text()
@@ -164,7 +168,8 @@ def test_sparse_winners_match_the_xla_selection(switched, k, capacity):
   lam = layers.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations)
   hidden, winners, active = jax.jit(functools.partial(cpu_kernels.sparse_winners, k=k, capacity=capacity))(a, lam)
   want_hidden, want_winners, want_most = jax.jit(functools.partial(sparse._winners, spec=spec, capacity=capacity))(
-      a, valid, counts)
+    a, valid, counts
+  )
   np.testing.assert_allclose(np.asarray(hidden), np.asarray(want_hidden), atol=1e-6)
   fired = np.asarray(want_hidden) > 0
   np.testing.assert_array_equal(np.asarray(winners)[fired], np.asarray(want_winners)[fired])

@@ -14,8 +14,7 @@ from sdm_jax.data import cifar, idx
 # The stand-in as CI provides it, in the data folder beside the repository.
 SHARED_TAR = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'cifar10_jpeg' / cifar.JPEG_TAR
 
-needs_tar = pytest.mark.skipif(not SHARED_TAR.is_file(),
-                               reason=f'{SHARED_TAR} not found')
+needs_tar = pytest.mark.skipif(not SHARED_TAR.is_file(), reason=f'{SHARED_TAR} not found')
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +26,14 @@ def _no_env(monkeypatch):
 def _fake_tar(path: pathlib.Path, per_class: int = 2) -> pathlib.Path:
   """A small tar.gz laid out like the stand-in, pixel value = class id * 10 + n."""
   from PIL import Image
+
   with tarfile.open(path, 'w:gz') as tar:
     for split in ('test', 'train'):
       # Reverse order, so the loader's sorting is exercised.
       for c, cls in reversed(list(enumerate(cifar.CIFAR10_CLASSES))):
         for n in reversed(range(per_class)):
           buf = io.BytesIO()
-          Image.fromarray(np.full((32, 32, 3), c * 10 + n, np.uint8)).save(
-              buf, format='JPEG', quality=100)
+          Image.fromarray(np.full((32, 32, 3), c * 10 + n, np.uint8)).save(buf, format='JPEG', quality=100)
           info = tarfile.TarInfo(f'CIFAR-10-images/{split}/{cls}/{n:04d}.jpg')
           info.size = len(buf.getvalue())
           tar.addfile(info, io.BytesIO(buf.getvalue()))
@@ -79,8 +78,7 @@ def test_full_jpeg_decode_matches_readme(full_jpeg):
 @pytest.mark.slow
 def test_full_jpeg_second_load_uses_cache(full_jpeg, monkeypatch):
   cache, first = full_jpeg
-  assert [p.name for p in cache.iterdir()] == [
-      f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-pil{PIL.__version__}.npz']
+  assert [p.name for p in cache.iterdir()] == [f'cifar10_jpeg-{cifar.JPEG_SHA256[:16]}-pil{PIL.__version__}.npz']
   monkeypatch.setattr(cifar, 'decode_jpeg_tar', lambda *a: pytest.fail('decoded again'))
   again = data.load_dataset('cifar10_jpeg', data_dir=SHARED_TAR.parent, cache=cache)
   for key in ('train_images', 'train_labels', 'test_images', 'test_labels'):
@@ -100,16 +98,14 @@ def test_jpeg_order_labels_and_cache_key(tmp_path, monkeypatch):
   tar = _fake_tar(tmp_path / cifar.JPEG_TAR)
   with pytest.raises(idx.DataError, match='checksum mismatch in .*CIFAR-10-images-jpeg'):
     data.load_dataset('cifar10_jpeg', data_dir=tmp_path, cache=tmp_path / 'c')
-  ds = data.load_dataset('cifar10_jpeg', data_dir=tar, verify=False,
-                         cache=tmp_path / 'c', max_per_class=2)
+  ds = data.load_dataset('cifar10_jpeg', data_dir=tar, verify=False, cache=tmp_path / 'c', max_per_class=2)
   assert ds['train_labels'].tolist() == np.repeat(np.arange(10), 2).tolist()
   # Pixel value c*10+n survives quality-100 JPEG to within 1: order is (class, number).
   expected = np.arange(10)[:, None] * 10 + np.arange(2)[None, :]
   np.testing.assert_allclose(ds['test_images'][:, 0, 0, 0], expected.ravel(), atol=1)
   # Another tar (another checksum) gets another cache file.
   _fake_tar(tar, per_class=1)
-  ds = data.load_dataset('cifar10_jpeg', data_dir=tar, verify=False,
-                         cache=tmp_path / 'c', max_per_class=2)
+  ds = data.load_dataset('cifar10_jpeg', data_dir=tar, verify=False, cache=tmp_path / 'c', max_per_class=2)
   assert len(ds['train_labels']) == 10
   assert len(list((tmp_path / 'c').glob('*.npz'))) == 2
   # Another JPEG decoder (Pillow version) decodes again, into a third cache file.
@@ -229,8 +225,7 @@ def test_tfds_batched_reads_the_path_real_files_take(tfds, monkeypatch):
 
 
 def test_tfds_label_offset_and_range_check(tfds, monkeypatch):
-  monkeypatch.setitem(cifar.TFDS_DATASETS, 'cifar10',
-                      cifar.TfdsDataset('cifar10', 'test', 10, label_offset=-5))
+  monkeypatch.setitem(cifar.TFDS_DATASETS, 'cifar10', cifar.TfdsDataset('cifar10', 'test', 10, label_offset=-5))
   with tfds.testing.mock_data(num_examples=50):
     with pytest.raises(idx.DataError, match='outside'):
       data.load_dataset('cifar10')
@@ -256,8 +251,7 @@ def test_tfds_manual_dir_prepares_first(tfds, tmp_path, monkeypatch):
 def test_tfds_missing_dataset_says_how_to_get_it(tfds, tmp_path):
   with pytest.raises(idx.DataError, match=r"(?s)'cifar10'.*array_record.*cifar-10-binary.*manual_dir"):
     data.load_dataset('cifar10', data_dir=tmp_path)
-  with pytest.raises(idx.DataError,
-                     match=r'(?s)imagenet32.*missing Imagenet32_train_npz.zip, Imagenet32_val_npz.zip'):
+  with pytest.raises(idx.DataError, match=r'(?s)imagenet32.*missing Imagenet32_train_npz.zip, Imagenet32_val_npz.zip'):
     cifar.prepare_tfds('imagenet32', tmp_path, tmp_path / 'empty')
 
 

@@ -9,16 +9,27 @@ import pytest
 from sdm_jax import data
 from sdm_jax.data import embeddings, idx
 
-META = dict(dataset='cifar10_jpeg', dataset_source='LOSSY JPEG stand-in for CIFAR-10: x.tar.gz',
-            lossy=True, embedder='/ckpt/dir', embedder_key='abc123', dim=4, num_classes=10)
+META = dict(
+  dataset='cifar10_jpeg',
+  dataset_source='LOSSY JPEG stand-in for CIFAR-10: x.tar.gz',
+  lossy=True,
+  embedder='/ckpt/dir',
+  embedder_key='abc123',
+  dim=4,
+  num_classes=10,
+)
 
 
 def _write(path, meta=META, n=6, d=4):
   rng = np.random.default_rng(0)
   return embeddings.save_embeddings(
-      path, train_embeddings=rng.normal(size=(n, d)), train_labels=np.arange(n) % 10,
-      test_embeddings=rng.normal(size=(n // 2, d)), test_labels=np.arange(n // 2),
-      meta=meta)
+    path,
+    train_embeddings=rng.normal(size=(n, d)),
+    train_labels=np.arange(n) % 10,
+    test_embeddings=rng.normal(size=(n // 2, d)),
+    test_labels=np.arange(n // 2),
+    meta=meta,
+  )
 
 
 def test_round_trip_through_load_dataset(tmp_path):
@@ -45,9 +56,14 @@ def test_missing_or_bad_file_says_how_to_make_one(tmp_path):
     data.load_dataset('embeddings')
   with pytest.raises(idx.DataError, match=r'(?s)nope\.npz.*experiments\.embed'):
     data.load_dataset('embeddings', data_dir=tmp_path / 'nope.npz')
-  np.savez(tmp_path / 'pixels.npz', train_images=np.zeros((2, 3), np.uint8),
-           train_labels=np.zeros(2), test_images=np.zeros((2, 3), np.uint8),
-           test_labels=np.zeros(2), meta='{"lossy": false}')
+  np.savez(
+    tmp_path / 'pixels.npz',
+    train_images=np.zeros((2, 3), np.uint8),
+    train_labels=np.zeros(2),
+    test_images=np.zeros((2, 3), np.uint8),
+    test_labels=np.zeros(2),
+    meta='{"lossy": false}',
+  )
   with pytest.raises(idx.DataError, match='expected float32'):
     data.load_dataset('embeddings', data_dir=tmp_path / 'pixels.npz')
   assert embeddings.read_meta(tmp_path / 'nope.npz') is None
@@ -56,13 +72,24 @@ def test_missing_or_bad_file_says_how_to_make_one(tmp_path):
 def test_identity_is_the_key_or_else_a_sha256(tmp_path):
   """What a run records about its data file: the metadata when it has a key, else the file's bytes."""
   keyed = embeddings.identity(_write(tmp_path / 'keyed.npz'))
-  assert keyed == dict(file=str(tmp_path / 'keyed.npz'), embedder_key='abc123', dataset='cifar10_jpeg',
-                       dataset_source=META['dataset_source'])
+  assert keyed == dict(
+    file=str(tmp_path / 'keyed.npz'),
+    embedder_key='abc123',
+    dataset='cifar10_jpeg',
+    dataset_source=META['dataset_source'],
+  )
   old = {k: v for k, v in META.items() if k not in ('embedder', 'embedder_key')}
-  np.savez(tmp_path / 'old.npz', train_images=np.ones((2, 4), np.float32), train_labels=np.arange(2),
-           test_images=np.ones((2, 4), np.float32), test_labels=np.arange(2), meta=json.dumps(old))
+  np.savez(
+    tmp_path / 'old.npz',
+    train_images=np.ones((2, 4), np.float32),
+    train_labels=np.arange(2),
+    test_images=np.ones((2, 4), np.float32),
+    test_labels=np.arange(2),
+    meta=json.dumps(old),
+  )
   keyless = embeddings.identity(tmp_path / 'old.npz')
-  assert keyless == dict(file=str(tmp_path / 'old.npz'),
-                         sha256=hashlib.sha256((tmp_path / 'old.npz').read_bytes()).hexdigest())
+  assert keyless == dict(
+    file=str(tmp_path / 'old.npz'), sha256=hashlib.sha256((tmp_path / 'old.npz').read_bytes()).hexdigest()
+  )
   assert 'key none' in data.load_dataset('embeddings', data_dir=tmp_path / 'old.npz')['source']  # still loads
   assert embeddings.identity(tmp_path / 'nope.npz') is None

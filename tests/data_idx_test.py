@@ -13,16 +13,16 @@ from sdm_jax import data
 from sdm_jax.data import idx
 
 EMBEDDED = pathlib.Path(idx.__file__).parent / 'mnist'
-SHARED_FASHION = (pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data'
-                  / 'fashion_mnist')
+SHARED_FASHION = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'fashion_mnist'
 FILE_NAMES = tuple(idx.FILES.values())
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 needs_fashion = pytest.mark.skipif(
-    not all((SHARED_FASHION / f).is_file() for f in FILE_NAMES),
-    reason=f'Fashion-MNIST IDX files not found in {SHARED_FASHION}')
+  not all((SHARED_FASHION / f).is_file() for f in FILE_NAMES),
+  reason=f'Fashion-MNIST IDX files not found in {SHARED_FASHION}',
+)
 
 
 @pytest.fixture(autouse=True)
@@ -69,9 +69,11 @@ def test_checksum_tables_are_complete():
       assert set(sums) == set(FILE_NAMES)
       assert all(len(s) == 64 and int(s, 16) >= 0 for s in sums.values())
   assert idx.UNCOMPRESSED_CHECKSUMS['mnist']['train-images-idx3-ubyte.gz'] == (
-      'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db')
+    'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db'
+  )
   assert idx.UNCOMPRESSED_CHECKSUMS['fashion_mnist']['train-images-idx3-ubyte.gz'] == (
-      'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888')
+    'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888'
+  )
 
 
 @needs_fashion
@@ -322,8 +324,7 @@ def test_load_dataset_prefers_idx(tmp_path):
 
 def _tree(root):
   """Every path under root with its bytes (None for folders): a byte-for-byte snapshot."""
-  return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
-          for p in sorted(root.rglob('*'))}
+  return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob('*'))}
 
 
 def test_absent_local_data_fails_at_once_without_tfds_or_writes(tmp_path, monkeypatch):

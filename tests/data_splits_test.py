@@ -8,10 +8,10 @@ from sdm_jax.data import splits
 
 # The authors' tasks, as pairs of classes, for each order seed.
 AUTHORS_TASKS = {
-    3: [(5, 4), (1, 2), (9, 6), (7, 0), (3, 8)],
-    15: [(2, 6), (1, 3), (7, 0), (9, 4), (5, 8)],
-    27: [(4, 2), (9, 1), (5, 6), (7, 0), (8, 3)],
-    97: [(7, 1), (2, 0), (6, 8), (4, 5), (9, 3)],
+  3: [(5, 4), (1, 2), (9, 6), (7, 0), (3, 8)],
+  15: [(2, 6), (1, 3), (7, 0), (9, 4), (5, 8)],
+  27: [(4, 2), (9, 1), (5, 6), (7, 0), (8, 3)],
+  97: [(7, 1), (2, 0), (6, 8), (4, 5), (9, 3)],
 }
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -75,14 +75,17 @@ def test_class_order():
   assert sorted(order.tolist()) == list(range(100))
 
 
-@pytest.mark.parametrize('kwargs, arg', [
+@pytest.mark.parametrize(
+  'kwargs, arg',
+  [
     (dict(order_seed=-1), 'seed'),
     (dict(order_seed=1.5), 'seed'),
     (dict(order_seed=True), 'seed'),
     (dict(order_seed=2**32), 'seed'),
     (dict(order_seed=None, num_classes=0), 'num_classes'),
     (dict(order_seed=3, num_classes=2.0), 'num_classes'),
-])
+  ],
+)
 def test_class_order_rejects_bad_arguments(kwargs, arg):
   with pytest.raises(ValueError, match=arg):
     splits.class_order(**kwargs)
@@ -98,14 +101,17 @@ def test_task_classes_shapes():
   assert splits.task_classes(np.arange(100), classes_per_task=10).shape == (10, 10)
 
 
-@pytest.mark.parametrize('order, cpt, arg', [
+@pytest.mark.parametrize(
+  'order, cpt, arg',
+  [
     (range(10), 3, 'classes_per_task'),
     (range(10), 0, 'classes_per_task'),
     ([0, 1, 1, 2], 2, 'order'),
     (np.zeros((2, 2), int), 2, 'order'),
     ([], 2, 'order'),
     ([0.0, 1.0], 2, 'order'),
-])
+  ],
+)
 def test_task_classes_rejects_bad_arguments(order, cpt, arg):
   with pytest.raises(ValueError, match=arg):
     splits.task_classes(order, cpt)
@@ -142,18 +148,21 @@ def test_split_mnist(mnist, seed):
 
 def test_split_mnist_ordinal_first_task(mnist):
   tasks = splits.task_classes(splits.class_order(None))
-  (x0, y0), = splits.split_by_task(mnist['train_images'], mnist['train_labels'], tasks[:1])
+  ((x0, y0),) = splits.split_by_task(mnist['train_images'], mnist['train_labels'], tasks[:1])
   assert len(y0) == 5923 + 6742 == 12665
   assert y0[:4].tolist() == [0, 1, 1, 1]  # dataset labels 5 0 4 1 9 2 1 3 1 ...
   np.testing.assert_array_equal(x0[0], mnist['train_images'][1])
 
 
-@pytest.mark.parametrize('images, labels, tasks, arg', [
+@pytest.mark.parametrize(
+  'images, labels, tasks, arg',
+  [
     (np.zeros((3, 2)), np.zeros(4, int), [[0, 1]], 'images and labels'),
     (np.zeros((3, 2)), np.zeros((3, 1), int), [[0, 1]], 'labels'),
     (np.zeros((3, 2)), np.zeros(3, int), [0, 1], 'task_classes'),
     (np.zeros((3, 2)), np.zeros(3, int), [[0, 1], [1, 2]], 'task_classes'),
-])
+  ],
+)
 def test_split_rejects_bad_arguments(images, labels, tasks, arg):
   with pytest.raises(ValueError, match=arg):
     splits.split_by_task(images, labels, np.asarray(tasks))
@@ -165,16 +174,17 @@ def test_split_rejects_bad_arguments(images, labels, tasks, arg):
 def test_pad_tasks_round_trip():
   rng = np.random.default_rng(0)
   sizes = [3, 0, 5, 1]
-  tasks = [(rng.integers(1, 255, size=(n, 2, 3)).astype(np.uint8),
-            rng.integers(1, 9, size=n).astype(np.uint8)) for n in sizes]
+  tasks = [
+    (rng.integers(1, 255, size=(n, 2, 3)).astype(np.uint8), rng.integers(1, 9, size=n).astype(np.uint8)) for n in sizes
+  ]
   x, y, s = splits.pad_tasks(tasks)
   assert x.shape == (4, 5, 2, 3) and x.dtype == np.uint8
   assert y.shape == (4, 5) and y.dtype == np.uint8
   assert s.dtype == np.int32 and s.tolist() == sizes
   for t, (xt, yt) in enumerate(tasks):
-    np.testing.assert_array_equal(x[t, :s[t]], xt)
-    np.testing.assert_array_equal(y[t, :s[t]], yt)
-    assert not x[t, s[t]:].any() and not y[t, s[t]:].any()
+    np.testing.assert_array_equal(x[t, : s[t]], xt)
+    np.testing.assert_array_equal(y[t, : s[t]], yt)
+    assert not x[t, s[t] :].any() and not y[t, s[t] :].any()
 
 
 def test_pad_mnist_test_tasks(mnist):
@@ -190,17 +200,21 @@ def test_pad_mnist_test_tasks(mnist):
 
 
 def test_pad_tasks_promotes_dtypes():
-  x, y, _ = splits.pad_tasks([(np.ones((1, 2), np.uint8), np.ones(1, np.uint8)),
-                              (np.ones((2, 2), np.float32), np.ones(2, np.int32))])
+  x, y, _ = splits.pad_tasks(
+    [(np.ones((1, 2), np.uint8), np.ones(1, np.uint8)), (np.ones((2, 2), np.float32), np.ones(2, np.int32))]
+  )
   assert x.dtype == np.float32 and y.dtype == np.int32
 
 
-@pytest.mark.parametrize('tasks, match', [
+@pytest.mark.parametrize(
+  'tasks, match',
+  [
     ([], 'at least one'),
     ([(np.zeros((2, 3)), np.zeros(2)), (np.zeros((2, 4)), np.zeros(2))], r'tasks\[1\]'),
     ([(np.zeros((2, 3)), np.zeros(3))], r'tasks\[0\]'),
     ([(np.zeros((2, 3)),)], r'tasks\[0\]'),
-])
+  ],
+)
 def test_pad_tasks_rejects_bad_arguments(tasks, match):
   with pytest.raises(ValueError, match=match):
     splits.pad_tasks(tasks)

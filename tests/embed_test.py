@@ -14,8 +14,9 @@ def _save_embedder(directory, seed=0):
   config = dict(dim=8, depth=1, kernel_size=3, patch_size=4)
   model = convmixer.ConvMixer(num_classes=10, **config)
   variables = model.init(jax.random.PRNGKey(seed), np.zeros((1, 32, 32, 3), np.float32))
-  train_convmixer.save_embedder(directory, variables,
-                                dict(config=config, num_classes=10, dataset='cifar10', test_accuracy=0.1))
+  train_convmixer.save_embedder(
+    directory, variables, dict(config=config, num_classes=10, dataset='cifar10', test_accuracy=0.1)
+  )
   return model, variables
 
 

@@ -45,7 +45,9 @@ def test_reference_defaults():
   assert split_mnist.get_config("sdmlp_10k").model.k == 10  # k = 10 for 10K too (reference)
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("model.k", 1000, "config.model.k:"),
     ("model.k", 0, "config.model.k:"),
     ("model.k_max", 5, "config.model.k_max: k_target"),
@@ -67,7 +69,8 @@ def test_reference_defaults():
     ("seeds", (1, 1), "config.seeds"),
     ("class_order", "random", "config.class_order"),
     ("train_step", "sparse", "config.train_step"),
-])
+  ],
+)
 def test_bad_configs_name_the_field(field, value, match, tmp_path):
   config = split_mnist.get_config("sdmlp,tiny")
   _set(config, field, value)
@@ -111,7 +114,9 @@ def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path
     assert _snapshot(workdir) == before
 
 
-@pytest.mark.parametrize("overrides,match", [
+@pytest.mark.parametrize(
+  "overrides,match",
+  [
     (dict(batch_size=1_000_000), r"config\.batch_size: 1000000 is larger than the smallest task, which has 11263"),
     ({"optimizer.learning_rate": float("inf")}, r"config\.optimizer\.learning_rate: must be a finite number"),
     ({"optimizer.clip_norm": float("nan")}, r"config\.optimizer\.clip_norm: must be a finite number"),
@@ -125,7 +130,8 @@ def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path
     (dict(data_source="web"), r"config\.data_source"),
     (dict(data_source="tfds"), r"config\.data_dir: data_source='tfds' downloads"),
     ({"model.gaba_switch_epochs": -1.0}, r"config\.model\.gaba_switch_epochs"),
-])
+  ],
+)
 def test_invalid_values_are_refused_before_anything_is_written(overrides, match, tmp_path):
   config = _tiny(**{"model.k_schedule": "gaba"})
   for field, value in overrides.items():
@@ -143,7 +149,9 @@ def test_invalid_values_are_refused_before_anything_is_written(overrides, match,
 def test_absent_local_data_fails_at_once_writing_nothing(tmp_path):
   empty = tmp_path / "empty"
   empty.mkdir()
-  with pytest.raises(ValueError, match=r"(?s)Cannot find the IDX files.*--config\.data_dir=DIR.*--config\.data_source=tfds"):
+  with pytest.raises(
+    ValueError, match=r"(?s)Cannot find the IDX files.*--config\.data_dir=DIR.*--config\.data_source=tfds"
+  ):
     experiment.train_and_evaluate(_tiny(data_dir=str(empty)), tmp_path / "run")
   assert not (tmp_path / "run").exists() and list(empty.iterdir()) == []
 
@@ -247,14 +255,16 @@ def _embedding_file(path, *, key="aaa111", shift=0.0):
   means = rng.normal(size=(10, 8)) * 3
   y = np.repeat(np.arange(10), 6)
   x = (means[y] + rng.normal(size=(60, 8)) + shift).astype(np.float32)
-  meta = dict(dataset="cifar10", dataset_source="synthetic", lossy=False, embedder="/convmixer", dim=8,
-              embedder_key=key)
+  meta = dict(
+    dataset="cifar10", dataset_source="synthetic", lossy=False, embedder="/convmixer", dim=8, embedder_key=key
+  )
   if key is None:
     del meta["embedder_key"]
     np.savez(path, train_images=x, train_labels=y, test_images=x, test_labels=y, meta=json.dumps(meta))
     return path
-  return embeddings.save_embeddings(path, train_embeddings=x, train_labels=y, test_embeddings=x,
-                                    test_labels=y, meta=meta)
+  return embeddings.save_embeddings(
+    path, train_embeddings=x, train_labels=y, test_embeddings=x, test_labels=y, meta=meta
+  )
 
 
 @pytest.mark.parametrize("key", ["aaa111", None])
@@ -262,16 +272,20 @@ def _embedding_file(path, *, key="aaa111", shift=0.0):
 def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, caplog, key):
   """config.json holds the data path only; the file's identity (its key, else a sha256) is checked too."""
   data_file = _embedding_file(tmp_path / "emb.npz", key=key)
-  config = _tiny("relu", dataset="embeddings", data_dir=str(data_file), batch_size=4,
-                 **{"model.input_size": 8, "model.neurons": 16})
+  config = _tiny(
+    "relu", dataset="embeddings", data_dir=str(data_file), batch_size=4, **{"model.input_size": 8, "model.neurons": 16}
+  )
   results = experiment.train_and_evaluate(config, tmp_path / "run")
   assert results["status"] == "finished"
   assert set(results["dataset"]["identity"]) >= ({"embedder_key"} if key else {"sha256"})
   experiment.train_and_evaluate(config, tmp_path / "run")  # the same file: resumes
   assert "resuming from" in caplog.text
   _embedding_file(data_file, key=key and "bbb222", shift=1.0)  # re-embedded in place
-  with pytest.raises(ValueError, match=r"(?s)refusing to resume .*checkpoints/\d+: the data file "
-                     r".*emb\.npz changed .*start fresh: delete .*checkpoints or use a new --workdir"):
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)refusing to resume .*checkpoints/\d+: the data file "
+    r".*emb\.npz changed .*start fresh: delete .*checkpoints or use a new --workdir",
+  ):
     experiment.train_and_evaluate(config, tmp_path / "run")
 
 

@@ -123,8 +123,7 @@ def test_learn_task_matches_python_loop_and_leaves_other_rows_alone():
   # Padding rows (valid False) do not count.
   valid = np.arange(40) < 25
   got = flymodel.learn_task(readout, codes, labels, classes, 0.6, valid)
-  np.testing.assert_allclose(np.asarray(got), _loop_readout(readout, codes[:25], labels[:25], classes, 0.6),
-                             rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(got), _loop_readout(readout, codes[:25], labels[:25], classes, 0.6), rtol=1e-6)
 
 
 def test_earlier_rows_untouched_by_a_later_task_and_unseen_classes_never_win():
@@ -152,10 +151,12 @@ def test_earlier_rows_untouched_by_a_later_task_and_unseen_classes_never_win():
 def test_run_split_matches_a_manual_task_loop():
   rng = np.random.default_rng(3)
   task_classes = np.array([[0, 1], [2, 3], [4, 5]])
+
   def make(n):
     y = rng.integers(0, 6, size=n)
     x = (rng.random((n, 4, 4)) * 255 * (1 + y[:, None, None] % 3) / 3).astype(np.uint8)
     return data_lib.pad_tasks(data_lib.split_by_task(x, y, task_classes))
+
   train, test = make(90), make(60)
   key = jax.random.key(4)
   run = functools.partial(flymodel.run_split, n_kc=120, n_response=3, lr=0.02, num_classes=6, chunk_size=8)
@@ -195,8 +196,10 @@ def test_split_mnist_reference_settings():
     seconds = time.perf_counter() - start
     full = float((acc[-1] * test[2]).sum() / test[2].sum())  # all 10K test images, all tasks seen
     results[n_kc] = full
-    print(f"FlyModel {n_kc} KCs, lr {lr}: final test accuracy {full:.4f} "
-          f"(mean over tasks {acc[-1].mean():.4f}), {seconds:.1f} s with compilation")
+    print(
+      f"FlyModel {n_kc} KCs, lr {lr}: final test accuracy {full:.4f} "
+      f"(mean over tasks {acc[-1].mean():.4f}), {seconds:.1f} s with compilation"
+    )
     assert np.all(acc[np.triu_indices(5, 1)] == 0.0)
   assert results[10_000] >= 0.85  # reference CSV 90.6 %
   assert results[1_000] >= 0.70  # reference CSV 75.2 %; reported, loosely checked

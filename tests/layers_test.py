@@ -70,8 +70,7 @@ def test_subtract_leaves_exactly_k_active():
     np.testing.assert_array_equal(np.asarray((out > 0).sum(-1)), k)
     # Survivors are the top-k, shifted down by the (k+1)-th value (Eq. 4).
     top = np.sort(np.asarray(a), -1)[:, ::-1]
-    np.testing.assert_allclose(np.sort(np.asarray(out), -1)[:, ::-1][:, :k],
-                               top[:, :k] - top[:, k:k + 1], rtol=1e-6)
+    np.testing.assert_allclose(np.sort(np.asarray(out), -1)[:, ::-1][:, :k], top[:, :k] - top[:, k : k + 1], rtol=1e-6)
 
 
 def test_mask_keeps_raw_topk_values():

@@ -20,12 +20,10 @@ LR = 0.1
 
 # name -> (lazy transformation, the plain optax transformation it must match when dense)
 PAIRS = {
-    "sgdm": (lambda: lazy.lazy_sgdm(LR), lambda: optax.sgd(LR, momentum=0.9)),
-    "adam": (lambda: lazy.lazy_adam(LR), lambda: optax.adam(LR)),
-    "adam_global_count": (lambda: lazy.lazy_adam(LR, per_neuron_count=False),
-                          lambda: optax.adam(LR)),
-    "rmsprop": (lambda: lazy.lazy_rmsprop(LR),
-                lambda: optax.rmsprop(LR, decay=0.99, eps=1e-8, eps_in_sqrt=False)),
+  "sgdm": (lambda: lazy.lazy_sgdm(LR), lambda: optax.sgd(LR, momentum=0.9)),
+  "adam": (lambda: lazy.lazy_adam(LR), lambda: optax.adam(LR)),
+  "adam_global_count": (lambda: lazy.lazy_adam(LR, per_neuron_count=False), lambda: optax.adam(LR)),
+  "rmsprop": (lambda: lazy.lazy_rmsprop(LR), lambda: optax.rmsprop(LR, decay=0.99, eps=1e-8, eps_in_sqrt=False)),
 }
 
 
@@ -120,8 +118,7 @@ def test_dense_gradients_give_exactly_the_plain_optimiser(name):
   make_lazy, make_plain = PAIRS[name]
   params = _params()
   grads = [_grads(s) for s in range(1, 5)]
-  for (_, _, u_lazy, _), (_, _, u_plain, _) in zip(_run(make_lazy(), params, grads),
-                                                  _run(make_plain(), params, grads)):
+  for (_, _, u_lazy, _), (_, _, u_plain, _) in zip(_run(make_lazy(), params, grads), _run(make_plain(), params, grads)):
     jax.tree.map(np.testing.assert_array_equal, u_lazy, u_plain)
 
 
@@ -131,8 +128,7 @@ def test_a_neuron_follows_its_own_subsequence_of_batches(name):
   # where the plain optimiser puts them after only the batches in which it fired.
   make_lazy, make_plain = PAIRS[name]
   params = _params()
-  grads = [_grads(10), _grads(11), _grads(12, silent=(2,)), _grads(13, silent=(2,)),
-           _grads(14), _grads(15)]
+  grads = [_grads(10), _grads(11), _grads(12, silent=(2,)), _grads(13, silent=(2,)), _grads(14), _grads(15)]
   p_lazy, _, u_lazy, _ = _last(_run(make_lazy(), params, grads))
   p_sub, _, u_sub, _ = _last(_run(make_plain(), params, [grads[i] for i in (0, 1, 4, 5)]))
   _assert_neurons(optax.apply_updates(p_lazy, u_lazy), optax.apply_updates(p_sub, u_sub), (2,))
@@ -145,8 +141,7 @@ def test_adam_global_count_does_not_follow_the_subsequence():
   grads = [_grads(10), _grads(11), _grads(12, silent=(2,)), _grads(13, silent=(2,)), _grads(14)]
   p_lazy, _, u_lazy, _ = _last(_run(make_lazy(), params, grads))
   p_sub, _, u_sub, _ = _last(_run(make_plain(), params, [grads[i] for i in (0, 1, 4)]))
-  _assert_neurons(optax.apply_updates(p_lazy, u_lazy), optax.apply_updates(p_sub, u_sub), (2,),
-                  equal=False)
+  _assert_neurons(optax.apply_updates(p_lazy, u_lazy), optax.apply_updates(p_sub, u_sub), (2,), equal=False)
 
 
 def test_adam_count_semantics():
@@ -183,15 +178,15 @@ def test_per_neuron_versus_per_element_on_an_active_neuron_with_a_zero_entry():
   g_sparse["hidden"]["kernel"] = g_sparse["hidden"]["kernel"].at[0, :].set(0.0)
   grads = [_grads(1), g_sparse]
   *_, u_neuron, _ = _last(_run(lazy.lazy_sgdm(LR), params, grads))
-  *_, u_elem, _ = _last(_run(lazy.lazy_sgdm(LR, activity_fn=lazy.elementwise_activity),
-                             params, grads))
+  *_, u_elem, _ = _last(_run(lazy.lazy_sgdm(LR, activity_fn=lazy.elementwise_activity), params, grads))
   active = list(ACTIVE)
   # Per neuron: the momentum of the active neuron keeps acting on that entry.
   assert np.all(np.asarray(u_neuron["hidden"]["kernel"])[0, active] != 0)
   # Per element: the entry is frozen; both agree on everything else.
   np.testing.assert_array_equal(np.asarray(u_elem["hidden"]["kernel"])[0, :], 0)
-  np.testing.assert_array_equal(np.asarray(u_elem["hidden"]["kernel"])[1:],
-                                np.asarray(u_neuron["hidden"]["kernel"])[1:])
+  np.testing.assert_array_equal(
+    np.asarray(u_elem["hidden"]["kernel"])[1:], np.asarray(u_neuron["hidden"]["kernel"])[1:]
+  )
 
 
 def test_elementwise_fallback_for_other_layouts():
@@ -225,15 +220,15 @@ def test_jit_matches_eager():
   params = _params()
   grads = [_grads(1), _grads(2, silent=SILENT), _grads(3)]
   for (_, _, u_eager, s_eager), (_, _, u_jit, s_jit) in zip(
-      _run(lazy.lazy_adam(LR), params, grads), _run(lazy.lazy_adam(LR), params, grads, jit=True)):
+    _run(lazy.lazy_adam(LR), params, grads), _run(lazy.lazy_adam(LR), params, grads, jit=True)
+  ):
     # XLA fuses differently under jit: a few float32 ulps of the step size (lr 0.1).
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # noqa: E731
     jax.tree.map(close, u_eager, u_jit)
     jax.tree.map(close, s_eager, s_jit)
 
 
-@pytest.mark.parametrize("name,tx", [("sgdm", lazy.lazy_sgdm(1.0)),
-                                     ("rmsprop", lazy.lazy_rmsprop(1.0, eps=0.0))])
+@pytest.mark.parametrize("name,tx", [("sgdm", lazy.lazy_sgdm(1.0)), ("rmsprop", lazy.lazy_rmsprop(1.0, eps=0.0))])
 def test_matches_the_lazy_scalar_toy(name, tx):
   # One weight, the appendix's injections: the optax transform reproduces
   # stale_momentum.simulate(lazy=True) (same SGDM/RMSProp conventions; lr = 1).

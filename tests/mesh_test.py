@@ -24,10 +24,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int = 300) -> dict:
   """Runs `script args` with `devices` forced CPU devices; returns its last stdout line as JSON."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-         "PYTHONPATH": str(ROOT)}
-  done = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=timeout)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    "PYTHONPATH": str(ROOT),
+  }
+  done = subprocess.run(
+    [sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -37,6 +42,7 @@ def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int 
 
 def test_mesh_shape_and_errors_name_the_field():
   from sdm_jax import mesh as mesh_lib
+
   assert mesh_lib.mesh_shape(-1, 2, num_devices=8) == (4, 2)
   assert mesh_lib.mesh_shape(3, 1, num_devices=8) == (3, 1)
   with pytest.raises(ValueError, match=r"config\.mesh\.data: 3 does not divide"):
@@ -52,6 +58,7 @@ def test_mesh_shape_and_errors_name_the_field():
 def test_one_device_means_no_mesh_and_no_padding():
   import ml_collections
   from sdm_jax import mesh as mesh_lib
+
   config = ml_collections.ConfigDict(dict(mesh=dict(seed=-1, data=1)))
   assert mesh_lib.from_config(config) is None
   assert mesh_lib.from_config(ml_collections.ConfigDict()) is None
@@ -122,6 +129,7 @@ def _engine_worker(workdir: str) -> dict:
   from sdm_jax import checkpoint
   from sdm_jax import mesh as mesh_lib
   from sdm_jax import models, optim, train
+
   jax.config.update("jax_default_matmul_precision", "float32")
 
   rng = np.random.default_rng(0)
@@ -131,8 +139,11 @@ def _engine_worker(workdir: str) -> dict:
   spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
   tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
   compiled_text = {}
-  block_for = functools.lru_cache(lambda mesh, seed_loop: train.make_train_block(
-      spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, seed_loop=seed_loop, mesh=mesh))
+  block_for = functools.lru_cache(
+    lambda mesh, seed_loop: train.make_train_block(
+      spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, seed_loop=seed_loop, mesh=mesh
+    )
+  )
   init8 = train.init_states(np.arange(8), spec=spec, tx=tx)
 
   @functools.lru_cache
@@ -159,8 +170,10 @@ def _engine_worker(workdir: str) -> dict:
     return mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh)), mesh_lib.to_host(metrics)
 
   def diff(a, b):
-    return max(float(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64))))
-               for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(
+      float(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64))))
+      for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
   first = lambda tree, n: jax.tree.map(lambda a: a[:n], tree)
   seeds = list(range(8))
@@ -188,18 +201,21 @@ def _engine_worker(workdir: str) -> dict:
     return {op: n for op, n in found.items() if n}
 
   return dict(
-      devices=jax.device_count(), checkpoint_sharded_on=sharded_on,
-      sharded8_vs_vmap=diff(sharded, vmapped), sharded8_vs_map=diff(sharded, mapped),
-      sharded8_vs_singles=max(diff(first(jax.tree.map(lambda a: a[i:], sharded), 1), s)
-                              for i, s in enumerate(singles)),
-      metrics_sharded8_vs_map=diff(sharded_metrics, mapped_metrics),
-      gaba_switched=bool(np.all(np.asarray(mapped.gaba_counts).max(-1) > 300.0)),
-      padded3on8_vs_map=diff(padded, first(mapped, 3)),
-      data2_vs_one=diff(data2, first(mapped, 2)), metrics_data2_vs_one=diff(data2_metrics, first(mapped_metrics, 2)),
-      gaba_data2_vs_one=diff(data2.gaba_counts, first(mapped, 2).gaba_counts),
-      seed4_data2_vs_one=diff(seed4_data2, mapped),
-      collectives_seed8=collectives(compiled_text[(mesh8, 8)]),
-      collectives_data2=collectives(compiled_text[(mesh2, 2)]))
+    devices=jax.device_count(),
+    checkpoint_sharded_on=sharded_on,
+    sharded8_vs_vmap=diff(sharded, vmapped),
+    sharded8_vs_map=diff(sharded, mapped),
+    sharded8_vs_singles=max(diff(first(jax.tree.map(lambda a: a[i:], sharded), 1), s) for i, s in enumerate(singles)),
+    metrics_sharded8_vs_map=diff(sharded_metrics, mapped_metrics),
+    gaba_switched=bool(np.all(np.asarray(mapped.gaba_counts).max(-1) > 300.0)),
+    padded3on8_vs_map=diff(padded, first(mapped, 3)),
+    data2_vs_one=diff(data2, first(mapped, 2)),
+    metrics_data2_vs_one=diff(data2_metrics, first(mapped_metrics, 2)),
+    gaba_data2_vs_one=diff(data2.gaba_counts, first(mapped, 2).gaba_counts),
+    seed4_data2_vs_one=diff(seed4_data2, mapped),
+    collectives_seed8=collectives(compiled_text[(mesh8, 8)]),
+    collectives_data2=collectives(compiled_text[(mesh2, 2)]),
+  )
 
 
 if __name__ == "__main__":
@@ -211,6 +227,7 @@ def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir
   """Orbax writes the state split over 8 devices; this 1-device process reads it back exactly."""
   import jax
   from sdm_jax import checkpoint, models, optim, train
+
   assert engine["checkpoint_sharded_on"] == 8
   spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
   tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
@@ -230,9 +247,21 @@ RUN = "variant=sdmlp-tiny"  # the one run of launch/configs/split_mnist.py:devic
 
 def _sweep(workdir, *flags, devices):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-  return subprocess.Popen([sys.executable, "-m", "launch.sweep", "--config=launch/configs/split_mnist.py:devices",
-                           f"--workdir={workdir}", *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "launch.sweep",
+      "--config=launch/configs/split_mnist.py:devices",
+      f"--workdir={workdir}",
+      *flags,
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def _finish(*procs):
@@ -274,6 +303,7 @@ def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capl
   """Cut the 8-device run back to its task-2 checkpoint; finish it here, on one device."""
   from launch import runner as sweep_lib
   from launch.configs import split_mnist as sweeps
+
   run = tmp_path / RUN
   shutil.copytree(on_8_devices, run)
   for name in ("results.json", "final_state.npz"):
@@ -294,7 +324,9 @@ def test_two_processes_with_jax_distributed_agree_with_one(on_8_devices, tmp_pat
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = [_sweep(tmp_path, f"--coordinator_address=localhost:{port}", "--num_processes=2",
-                  f"--process_id={i}", devices=2) for i in range(2)]
+  procs = [
+    _sweep(tmp_path, f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}", devices=2)
+    for i in range(2)
+  ]
   _finish(*procs)
   _assert_same_run(tmp_path / RUN, on_8_devices)

@@ -9,9 +9,24 @@ from sdm_jax import continual
 
 def test_tensorboard_and_csv_hold_the_same_curves(tmp_path):
   event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-  rows = [dict(seed=s, task=0, epoch=e, loss=1.0 / e + s, train_accuracy=0.5, full_accuracy=0.1 * e,
-               seen_accuracy=0.9, dead_fraction=0.0, active_per_example=10.0, gaba_lambda_mean=-1.0,
-               accuracy_task0=0.9, accuracy_task1=0.0) for e in (1, 2, 3) for s in (0, 7)]
+  rows = [
+    dict(
+      seed=s,
+      task=0,
+      epoch=e,
+      loss=1.0 / e + s,
+      train_accuracy=0.5,
+      full_accuracy=0.1 * e,
+      seen_accuracy=0.9,
+      dead_fraction=0.0,
+      active_per_example=10.0,
+      gaba_lambda_mean=-1.0,
+      accuracy_task0=0.9,
+      accuracy_task1=0.0,
+    )
+    for e in (1, 2, 3)
+    for s in (0, 7)
+  ]
   earlier, new = rows[:2], rows[2:]
   writer = continual.curve_writers(tmp_path, num_tasks=2, earlier_rows=earlier)
   writer.write_rows(new)

@@ -51,16 +51,16 @@ def _random_normal(seed, shape):
 
 
 @pytest.mark.parametrize(
-    "spec, expected",
-    [
-        (models.sdmlp(784, 1000, 10), 784 * 1000 + 1000 * 10),
-        (models.sdmlp(784, 10_000, 10), 784 * 10_000 + 10_000 * 10),
-        (models.relu_mlp(784, 1000, 10), 784 * 1000 + 1000 + 1000 * 10 + 10),
-        (models.topk_mlp(784, 1000, 10), 784 * 1000 + 1000 + 1000 * 10 + 10),
-        (models.sdmlp(784, 1000, 10, hidden_bias=True), 784 * 1000 + 1000 + 1000 * 10),
-        (models.sdmlp(784, 1000, 10, output_bias=True), 784 * 1000 + 1000 * 10 + 10),
-    ],
-    ids=["sdmlp_1k", "sdmlp_10k", "relu_mlp", "topk_mlp", "sdmlp_hidden_bias", "sdmlp_output_bias"],
+  "spec, expected",
+  [
+    (models.sdmlp(784, 1000, 10), 784 * 1000 + 1000 * 10),
+    (models.sdmlp(784, 10_000, 10), 784 * 10_000 + 10_000 * 10),
+    (models.relu_mlp(784, 1000, 10), 784 * 1000 + 1000 + 1000 * 10 + 10),
+    (models.topk_mlp(784, 1000, 10), 784 * 1000 + 1000 + 1000 * 10 + 10),
+    (models.sdmlp(784, 1000, 10, hidden_bias=True), 784 * 1000 + 1000 + 1000 * 10),
+    (models.sdmlp(784, 1000, 10, output_bias=True), 784 * 1000 + 1000 * 10 + 10),
+  ],
+  ids=["sdmlp_1k", "sdmlp_10k", "relu_mlp", "topk_mlp", "sdmlp_hidden_bias", "sdmlp_output_bias"],
 )
 def test_param_count(spec, expected):
   params = models.init_params(jax.random.key(0), spec)
@@ -70,12 +70,12 @@ def test_param_count(spec, expected):
 def test_param_count_literals():
   """The hand-computed totals quoted in the paper's setting (no arithmetic in the test)."""
   cases = [
-      (models.sdmlp(784, 1000, 10), 794_000),
-      (models.sdmlp(784, 10_000, 10), 7_940_000),
-      (models.relu_mlp(784, 1000, 10), 795_010),
-      (models.topk_mlp(784, 1000, 10), 795_010),
-      (models.sdmlp(784, 1000, 10, hidden_bias=True), 795_000),
-      (models.sdmlp(784, 1000, 10, output_bias=True), 794_010),
+    (models.sdmlp(784, 1000, 10), 794_000),
+    (models.sdmlp(784, 10_000, 10), 7_940_000),
+    (models.relu_mlp(784, 1000, 10), 795_010),
+    (models.topk_mlp(784, 1000, 10), 795_010),
+    (models.sdmlp(784, 1000, 10, hidden_bias=True), 795_000),
+    (models.sdmlp(784, 1000, 10, output_bias=True), 794_010),
   ]
   for spec, expected in cases:
     shapes = jax.eval_shape(lambda s=spec: models.init_params(jax.random.key(0), s))
@@ -100,8 +100,8 @@ def test_leaf_shapes_are_in_out(hidden_bias, output_bias):
 def test_relu_mlp_leaf_shapes():
   params = models.init_params(jax.random.key(0), models.relu_mlp(784, 1000, 10))
   assert jax.tree.map(lambda p: p.shape, params) == {
-      "hidden": {"kernel": (784, 1000), "bias": (1000,)},
-      "output": {"kernel": (1000, 10), "bias": (10,)},
+    "hidden": {"kernel": (784, 1000), "bias": (1000,)},
+    "output": {"kernel": (1000, 10), "bias": (10,)},
   }
 
 
@@ -153,7 +153,8 @@ def _random_params(spec, seed=0):
   shapes = jax.eval_shape(lambda: models.init_params(jax.random.key(0), spec))
   leaves, treedef = jax.tree.flatten(shapes)
   return jax.tree.unflatten(
-      treedef, [jnp.asarray(_random_normal(seed + i, leaf.shape)) for i, leaf in enumerate(leaves)])
+    treedef, [jnp.asarray(_random_normal(seed + i, leaf.shape)) for i, leaf in enumerate(leaves)]
+  )
 
 
 def test_project_params_is_idempotent():
@@ -171,8 +172,9 @@ def test_project_params_clamps_every_leaf_and_normalises_hidden_columns():
     assert leaf.min() >= 0.0
   # Biases and the output kernel: only clamped.
   for layer, name in (("hidden", "bias"), ("output", "kernel"), ("output", "bias")):
-    np.testing.assert_allclose(projected[layer][name], np.maximum(raw[layer][name], 0.0), rtol=1e-7,
-                               err_msg=f"{layer}/{name}")
+    np.testing.assert_allclose(
+      projected[layer][name], np.maximum(raw[layer][name], 0.0), rtol=1e-7, err_msg=f"{layer}/{name}"
+    )
   clamped = np.maximum(raw["hidden"]["kernel"], 0.0)
   np.testing.assert_allclose(projected["hidden"]["kernel"], clamped / np.linalg.norm(clamped, axis=0), rtol=1e-6)
 
@@ -337,9 +339,11 @@ def _identity_head_relu_mlp(neurons, dropout):
   """ReLU MLP whose output layer is the identity, so logits = dropped-out hidden units."""
   spec = models.relu_mlp(16, neurons, neurons, dropout=dropout)
   params = {  # positive hidden layer: all hidden units > 0 for x > 0
-      "hidden": {"kernel": jnp.asarray(np.abs(_random_normal(13, (16, neurons)))),
-                 "bias": jnp.asarray(np.abs(_random_normal(14, (neurons,))))},
-      "output": {"kernel": jnp.eye(neurons), "bias": jnp.zeros(neurons)},
+    "hidden": {
+      "kernel": jnp.asarray(np.abs(_random_normal(13, (16, neurons)))),
+      "bias": jnp.asarray(np.abs(_random_normal(14, (neurons,)))),
+    },
+    "output": {"kernel": jnp.eye(neurons), "bias": jnp.zeros(neurons)},
   }
   x = jnp.asarray(np.random.default_rng(11).random((8, 16), np.float32) + 0.1)
   return spec, params, x
@@ -383,8 +387,13 @@ def test_after_switch_exactly_k_active(k, count_scale, method):
   t = 100.0
   spec = models.sdmlp(32, 200, 10, k=k, gaba_switch_activations=t, threshold_method=method)
   # Constrained random addresses (project_params is what init_params ends with).
-  params = models.project_params({"hidden": {"kernel": jnp.asarray(_random_normal(15, (32, 200)))},
-                                  "output": {"kernel": jnp.asarray(_random_normal(16, (200, 10)))}}, spec)
+  params = models.project_params(
+    {
+      "hidden": {"kernel": jnp.asarray(_random_normal(15, (32, 200)))},
+      "output": {"kernel": jnp.asarray(_random_normal(16, (200, 10)))},
+    },
+    spec,
+  )
   x = jnp.asarray(np.random.default_rng(12).random((16, 32), np.float32))
   counts = jnp.full((200,), count_scale * t)
   _, hidden = models.forward(params, x, spec=spec, gaba_counts=counts)

@@ -122,7 +122,7 @@ def test_rmsprop_second_step_matches_torch_formula():
 def test_clip_by_global_norm():
   p = _params()
   g = _grads(1)
-  norm = np.sqrt(sum(np.sum(v.astype(np.float64)**2) for v in g.values()))
+  norm = np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in g.values()))
   g = {k: (v / norm * 10.0).astype(np.float32) for k, v in g.items()}  # global norm 10
   (after,) = _run(optim.make_optimizer("sgd", LR, clip_norm=1.0), p, [g])
   step = {k: p[k].astype(np.float64) - after[k] for k in p}
@@ -164,8 +164,9 @@ def test_projection_holds_after_many_steps(name):
 
   final = jax.tree.map(np.asarray, run(params, state, jax.random.key(1)))
   assert min(leaf.min() for leaf in jax.tree.leaves(final)) >= 0.0
-  np.testing.assert_allclose(np.linalg.norm(final["hidden"]["kernel"].astype(np.float64), axis=0),
-                             np.ones(30), atol=1e-5)
+  np.testing.assert_allclose(
+    np.linalg.norm(final["hidden"]["kernel"].astype(np.float64), axis=0), np.ones(30), atol=1e-5
+  )
   # The parameters moved (the test is not vacuous) and are a fixed point of the projection.
   initial = np.asarray(params["hidden"]["kernel"])
   assert np.abs(final["hidden"]["kernel"] - initial).max() > 1e-2
@@ -226,6 +227,7 @@ def test_lazy_optimizers_in_the_chain_leave_silent_neurons_alone(name):
 def test_for_model_adds_the_projection_exactly_when_the_model_needs_it():
   import jax
   from sdm_jax import models
+
   sdm = models.sdmlp(6, 5, 3, k=2)
   relu = models.relu_mlp(6, 5, 3)
   for spec, constrained in ((sdm, True), (relu, False)):

@@ -28,9 +28,13 @@ def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300, data=None):
   rng = np.random.default_rng(0)
   m, s = config.model, len(seeds)
   states = types.SimpleNamespace(
-      params={"hidden": {"kernel": rng.random((s, m.input_size, m.neurons), np.float32)},
-              "output": {"kernel": rng.random((s, m.neurons, 1000), np.float32)}},
-      gaba_counts=(rng.random((s, m.neurons)) * 1e6).astype(np.float32), epoch=np.full((s,), epoch, np.int32))
+    params={
+      "hidden": {"kernel": rng.random((s, m.input_size, m.neurons), np.float32)},
+      "output": {"kernel": rng.random((s, m.neurons, 1000), np.float32)},
+    },
+    gaba_counts=(rng.random((s, m.neurons)) * 1e6).astype(np.float32),
+    epoch=np.full((s,), epoch, np.int32),
+  )
   experiment.save_final_state(tmp_path / "final_state.npz", states, seeds, data=data)
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   return states
@@ -68,13 +72,16 @@ def test_start_from_keeps_hidden_counters_epoch_and_resets_the_output_layer(tmp_
   assert not bool(jnp.any(states.reg.filled))
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("neurons", 60, r"config\.model\.neurons: 60, but the pretrained checkpoint .*final_state\.npz"),
     ("input_size", 3072, r"config\.model\.input_size: 3072, but .*final_state\.npz"),
     ("hidden_bias", True, r"config\.model\.hidden_bias"),
     ("gaba_switch_activations", 1.0, r"config\.model\.gaba_switch_activations: 1\.0, .*config\.json"),
     ("k", 1, r"config\.model\.k: 1, "),
-])
+  ],
+)
 def test_mismatches_name_the_field_and_the_file(tmp_path, field, value, match):
   _write_pretrain(tmp_path, _config())
   config = _config(**{field: value})
@@ -103,9 +110,12 @@ def test_embeddings_from_another_embedder_are_refused_naming_both_files_and_keys
   pre = pretrained.load(tmp_path)
   assert pre.data == imagenet  # read back from final_state.npz
   cifar = dict(file="/emb/cifar10.npz", embedder_key="bbb222", dataset="cifar10")
-  with pytest.raises(ValueError, match=r"config\.pretrained: .*final_state\.npz was pretrained on "
-                     r"/emb/imagenet32\.npz \(embedder key aaa111\), but config\.data_dir /emb/cifar10\.npz "
-                     r"was embedded by another embedder \(key bbb222\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"config\.pretrained: .*final_state\.npz was pretrained on "
+    r"/emb/imagenet32\.npz \(embedder key aaa111\), but config\.data_dir /emb/cifar10\.npz "
+    r"was embedded by another embedder \(key bbb222\)",
+  ):
     pretrained.check_same_embedder(pre, cifar)
   assert pretrained.check_same_embedder(pre, dict(cifar, embedder_key="aaa111")) is None  # same embedder
   # One side without a key (pixels, an older or hand-made file): not checked, and the note says so.
@@ -116,8 +126,9 @@ def test_embeddings_from_another_embedder_are_refused_naming_both_files_and_keys
   old = pretrained.load(tmp_path)
   assert old.data is None and pretrained.check_same_embedder(old, None) is None
   assert pretrained.check_same_embedder(old, cifar).startswith(
-      "embedder not checked: this run's data (/emb/cifar10.npz, embedder key bbb222) records an embedder key, "
-      "the pretrain")
+    "embedder not checked: this run's data (/emb/cifar10.npz, embedder key bbb222) records an embedder key, "
+    "the pretrain"
+  )
 
 
 def test_float_features_are_used_as_they_are():
@@ -127,10 +138,15 @@ def test_float_features_are_used_as_they_are():
   np.testing.assert_array_equal(train.to_float_input(x), x)
   np.testing.assert_allclose(train.to_float_input(jnp.asarray([[0, 255]], jnp.uint8)), [[0.0, 1.0]])
   spec = models.sdmlp(input_size=3, neurons=8, num_classes=2, k=2)
-  tx = experiment.make_tx(ml_collections.ConfigDict(dict(optimizer=dict(
-      name="sgd", learning_rate=0.1, clip_norm=1.0, momentum=0.9, weight_decay=0.0))), spec)
+  tx = experiment.make_tx(
+    ml_collections.ConfigDict(
+      dict(optimizer=dict(name="sgd", learning_rate=0.1, clip_norm=1.0, momentum=0.9, weight_decay=0.0))
+    ),
+    spec,
+  )
   state = train.init_state(0, spec=spec, tx=tx)
   step = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))
   new, stats = step(state, jnp.tile(x, (4, 1)), jnp.zeros(4, jnp.int32), jnp.ones(4, bool))
-  assert np.isfinite(float(stats[0])) and not np.array_equal(new.params["output"]["kernel"],
-                                                             state.params["output"]["kernel"])
+  assert np.isfinite(float(stats[0])) and not np.array_equal(
+    new.params["output"]["kernel"], state.params["output"]["kernel"]
+  )

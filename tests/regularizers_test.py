@@ -20,8 +20,10 @@ def _linear_logits(params, x):
 
 def _linear_params(seed=0, n_in=2, n_out=3):
   rng = np.random.default_rng(seed)
-  return {"w": jnp.asarray(rng.normal(size=(n_in, n_out)), jnp.float32),
-          "b": jnp.asarray(rng.normal(size=(n_out,)), jnp.float32)}
+  return {
+    "w": jnp.asarray(rng.normal(size=(n_in, n_out)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(n_out,)), jnp.float32),
+  }
 
 
 def _softmax(z):
@@ -48,8 +50,10 @@ def _mlp():
 
 def _data(seed, n, n_in=5, n_classes=3):
   rng = np.random.default_rng(seed)
-  return (jnp.asarray(rng.normal(size=(n, n_in)), jnp.float32),
-          jnp.asarray(rng.integers(0, n_classes, size=n), jnp.int32))
+  return (
+    jnp.asarray(rng.normal(size=(n, n_in)), jnp.float32),
+    jnp.asarray(rng.integers(0, n_classes, size=n), jnp.int32),
+  )
 
 
 def _assert_tree_close(actual, expected, **tol):
@@ -69,9 +73,9 @@ def test_fisher_exact_matches_per_example_loop(labels):
 
   expected = jax.tree.map(jnp.zeros_like, params)
   for i in range(x.shape[0]):
-    label = int(y[i]) if labels == "true" else int(jnp.argmax(logits_fn(params, x[i:i + 1])[0]))
-    log_p = lambda p: jax.nn.log_softmax(BETA * logits_fn(p, x[i:i + 1])[0])[label]
-    expected = jax.tree.map(lambda e, g: e + g ** 2, expected, jax.grad(log_p)(params))
+    label = int(y[i]) if labels == "true" else int(jnp.argmax(logits_fn(params, x[i : i + 1])[0]))
+    log_p = lambda p: jax.nn.log_softmax(BETA * logits_fn(p, x[i : i + 1])[0])[label]
+    expected = jax.tree.map(lambda e, g: e + g**2, expected, jax.grad(log_p)(params))
   expected = jax.tree.map(lambda e: e / x.shape[0], expected)
   _assert_tree_close(fisher, expected, rtol=1e-5, atol=1e-7)
 
@@ -91,8 +95,9 @@ def test_fisher_exact_sampled_labels_give_the_true_fisher():
   """One example repeated: the mean over sampled labels tends to Σ_y p_β(y) (∇ log p_β(y))²."""
   params = _linear_params(1)
   x = jnp.tile(jnp.asarray([[0.7, -1.2]], jnp.float32), (4000, 1))
-  fisher = reg.fisher_exact(params, x, None, key=jax.random.key(0), logits_fn=_linear_logits, beta=BETA,
-                            labels="sampled", chunk_size=500)
+  fisher = reg.fisher_exact(
+    params, x, None, key=jax.random.key(0), logits_fn=_linear_logits, beta=BETA, labels="sampled", chunk_size=500
+  )
   p = _softmax(BETA * (np.asarray(x[:1]) @ np.asarray(params["w"]) + np.asarray(params["b"])))[0]
   true_fisher = {"w": 0.0, "b": 0.0}
   for label in range(3):
@@ -110,7 +115,7 @@ def _reference_fisher_by_hand(params, x, batch_size, num_batches, divisor, beta)
   w, b = np.asarray(params["w"]), np.asarray(params["b"])
   total = {"w": np.zeros_like(w, np.float64), "b": np.zeros_like(b, np.float64)}
   for i in range(num_batches):
-    xb = x[i * batch_size:(i + 1) * batch_size]
+    xb = x[i * batch_size : (i + 1) * batch_size]
     if len(xb) == 0:
       break
     predicted = np.argmax(xb @ w + b, axis=1)
@@ -124,8 +129,16 @@ def test_fisher_reference_hand_worked_tiny_case():
   x = jnp.asarray([[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0], [2.0, -0.5], [0.0, -1.5]], jnp.float32)
   # 5 examples in batches of 2: 2 + 2 + 1 (the partial last batch counts, as drop_last=False).
   for num_batches, divisor in ((3, 7.0), (2, 4.0), (5, 1.0)):
-    fn = jax.jit(functools.partial(reg.fisher_reference, logits_fn=_linear_logits, beta=BETA,
-                                   batch_size=2, num_batches=num_batches, divisor=divisor))
+    fn = jax.jit(
+      functools.partial(
+        reg.fisher_reference,
+        logits_fn=_linear_logits,
+        beta=BETA,
+        batch_size=2,
+        num_batches=num_batches,
+        divisor=divisor,
+      )
+    )
     expected = _reference_fisher_by_hand(params, x, 2, num_batches, divisor, BETA)
     _assert_tree_close(fn(params, x), expected, rtol=1e-5, atol=1e-7)
   # Square of the batch gradient, not a sum of per-example squares: batch size matters.
@@ -143,10 +156,14 @@ def test_fisher_reference_defaults_are_the_reference_quirk():
 def test_fisher_reference_shuffles_with_the_key_and_ignores_padding():
   params = _linear_params(3)
   x = np.asarray([[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0], [2.0, -0.5]], np.float32)
-  fn = jax.jit(functools.partial(reg.fisher_reference, logits_fn=_linear_logits, beta=BETA, batch_size=2,
-                                 num_batches=2, divisor=4.0))
-  by_permutation = [_reference_fisher_by_hand(params, x[list(perm)], 2, 2, 4.0, BETA)["w"]
-                    for perm in itertools.permutations(range(4))]
+  fn = jax.jit(
+    functools.partial(
+      reg.fisher_reference, logits_fn=_linear_logits, beta=BETA, batch_size=2, num_batches=2, divisor=4.0
+    )
+  )
+  by_permutation = [
+    _reference_fisher_by_hand(params, x[list(perm)], 2, 2, 4.0, BETA)["w"] for perm in itertools.permutations(range(4))
+  ]
   padded = jnp.concatenate([jnp.asarray(x), jnp.full((3, 2), 50.0)])
   seen = set()
   for seed in range(8):
@@ -169,7 +186,7 @@ def test_mas_matches_numpy_on_a_linear_model():
   w, b = np.asarray(params["w"], np.float64), np.asarray(params["b"], np.float64)
   expected = {"w": np.zeros_like(w), "b": np.zeros_like(b)}
   for i in range(2):  # only 2 batches of 2 are summed ...
-    xb = x[2 * i:2 * i + 2].astype(np.float64)
+    xb = x[2 * i : 2 * i + 2].astype(np.float64)
     z = xb @ w + b
     scale = 2.0 / z.size  # d/dz of mean(z²) over batch and classes
     expected["w"] += np.abs(scale * xb.T @ z)
@@ -189,8 +206,11 @@ def test_mas_accumulates_across_tasks_and_replaces_the_anchor():
   params2 = jax.tree.map(lambda p: p + 0.1, params)
   state2 = end_task(state, params2, x, y, 9, jax.random.key(1))
   omega2 = reg.mas_importance(params2, x, y, 9, jax.random.key(1), logits_fn=logits_fn, batch_size=4)
-  _assert_tree_close(jax.tree.map(lambda s: s[0], state2.importance),
-                     jax.tree.map(jnp.add, jax.tree.map(lambda s: s[0], state.importance), omega2), rtol=1e-6)
+  _assert_tree_close(
+    jax.tree.map(lambda s: s[0], state2.importance),
+    jax.tree.map(jnp.add, jax.tree.map(lambda s: s[0], state.importance), omega2),
+    rtol=1e-6,
+  )
   _assert_tree_close(jax.tree.map(lambda s: s[0], state2.anchor), params2, rtol=0)
 
 
@@ -213,14 +233,15 @@ def test_si_path_integral_on_a_quadratic():
       g = {"theta": jnp.asarray(a, jnp.float32) * (params["theta"] - jnp.asarray(c, jnp.float32))}
       new = {"theta": params["theta"] - lr * g["theta"]}
       return (new, reg.si_accumulate(state, g, params, new)), None
+
     return jax.lax.scan(step, (params, state), None, length=steps)[0]
 
   end_params, state = train(params, state)
   w = np.asarray(state.w["theta"])
   r = 1.0 - lr * a  # θ_t − c = r^t (θ0 − c)
-  closed_w = lr * a ** 2 * (theta0 - c) ** 2 * (1 - r ** (2 * steps)) / (1 - r ** 2)
+  closed_w = lr * a**2 * (theta0 - c) ** 2 * (1 - r ** (2 * steps)) / (1 - r**2)
   np.testing.assert_allclose(w, closed_w, rtol=1e-4)
-  theta_end = c + r ** steps * (theta0 - c)
+  theta_end = c + r**steps * (theta0 - c)
   np.testing.assert_allclose(np.asarray(end_params["theta"]), theta_end, rtol=1e-4, atol=1e-6)
   loss_decrease = 0.5 * a * ((theta0 - c) ** 2 - (theta_end - c) ** 2)
   np.testing.assert_allclose(w, loss_decrease, rtol=lr * a.max())  # small steps: the path integral
@@ -236,8 +257,9 @@ def test_si_path_integral_on_a_quadratic():
   state = state.replace(w={"theta": jnp.asarray([1.0, 2.0, 3.0])})
   later = {"theta": end_params["theta"] + 1.0}
   state = reg.end_task_si(state, later)
-  np.testing.assert_allclose(np.asarray(state.importance["theta"][0]), omega + np.array([1.0, 2.0, 3.0]) / 1.1,
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(state.importance["theta"][0]), omega + np.array([1.0, 2.0, 3.0]) / 1.1, rtol=1e-5
+  )
 
 
 def test_si_gradients_match_hand_formulas():
@@ -255,8 +277,9 @@ def test_si_gradients_match_hand_formulas():
   _assert_tree_close(g_valid, _linear_nll_grad(params, x[:3], np.asarray(y[:3]), BETA), rtol=1e-5, atol=1e-6)
 
   grads = jax.tree.map(jnp.ones_like, params)
-  _assert_tree_close(reg.si_optimizer_grads(grads, g_ref, variant="reference"),
-                     jax.tree.map(lambda g: 1.0 + g, g_ref), rtol=1e-6)
+  _assert_tree_close(
+    reg.si_optimizer_grads(grads, g_ref, variant="reference"), jax.tree.map(lambda g: 1.0 + g, g_ref), rtol=1e-6
+  )
   _assert_tree_close(reg.si_optimizer_grads(grads, g_ref, variant="textbook"), grads, rtol=0)
 
 
@@ -275,18 +298,24 @@ def test_penalty_value_gradient_and_empty_slots():
     state = reg.store_slot(state, anchor, omega)
   np.testing.assert_array_equal(np.asarray(state.filled), [True, True, False])
   # An unfilled slot holding junk must not count.
-  state = state.replace(importance=jax.tree.map(lambda s: s.at[2].set(5.0), state.importance),
-                        anchor=jax.tree.map(lambda s: s.at[2].set(-3.0), state.anchor))
+  state = state.replace(
+    importance=jax.tree.map(lambda s: s.at[2].set(5.0), state.importance),
+    anchor=jax.tree.map(lambda s: s.at[2].set(-3.0), state.anchor),
+  )
   lam = 3.0
   value, grad = jax.jit(jax.value_and_grad(reg.penalty))(params, state, lam)
 
   leaves = lambda t: [np.asarray(v, np.float64) for v in jax.tree.leaves(t)]
-  expected_value = sum(lam * np.sum(o * (p - a) ** 2)
-                       for anchor, omega in zip(anchors, omegas)
-                       for p, a, o in zip(leaves(params), leaves(anchor), leaves(omega)))
+  expected_value = sum(
+    lam * np.sum(o * (p - a) ** 2)
+    for anchor, omega in zip(anchors, omegas)
+    for p, a, o in zip(leaves(params), leaves(anchor), leaves(omega))
+  )
   np.testing.assert_allclose(float(value), expected_value, rtol=1e-5)
-  expected_grad = [sum(2 * lam * o * (p - a) for a, o in zip(a_s, o_s))
-                   for p, a_s, o_s in zip(leaves(params), zip(*map(leaves, anchors)), zip(*map(leaves, omegas)))]
+  expected_grad = [
+    sum(2 * lam * o * (p - a) for a, o in zip(a_s, o_s))
+    for p, a_s, o_s in zip(leaves(params), zip(*map(leaves, anchors)), zip(*map(leaves, omegas)))
+  ]
   for g, e in zip(leaves(grad), expected_grad):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
@@ -306,8 +335,10 @@ def test_l2_penalty_is_squared_distance_to_latest_task_end():
   state = end_task(reg.init(params), jax.tree.map(lambda p: p - 1.0, params))
   latest = jax.tree.map(lambda p: 0.5 * p, params)
   state = end_task(state, latest)  # replaces the anchor, Ω stays 1
-  distance = sum(np.sum((np.asarray(p, np.float64) - np.asarray(a, np.float64)) ** 2)
-                 for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(latest)))
+  distance = sum(
+    np.sum((np.asarray(p, np.float64) - np.asarray(a, np.float64)) ** 2)
+    for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(latest))
+  )
   np.testing.assert_allclose(float(reg.penalty(params, state, lam)), lam * distance, rtol=1e-5)
   assert all(np.all(np.asarray(o) == 1.0) for o in jax.tree.leaves(state.importance))
 
@@ -317,8 +348,11 @@ def test_ewc_consolidate_fills_one_slot_per_task_with_one_compile():
   params, logits_fn = _mlp()
   x, y = _data(10, 12)
   state = reg.init(params, num_slots=reg.num_slots_for("ewc", num_tasks=3))
-  end_task = jax.jit(functools.partial(reg.consolidate, method="ewc", logits_fn=logits_fn, beta=BETA,
-                                       batch_size=4, num_batches=2, divisor=8.0))
+  end_task = jax.jit(
+    functools.partial(
+      reg.consolidate, method="ewc", logits_fn=logits_fn, beta=BETA, batch_size=4, num_batches=2, divisor=8.0
+    )
+  )
   param_sets = [params, jax.tree.map(lambda p: p * 0.9, params)]
   for t, (p, size) in enumerate(zip(param_sets, (12, 7))):
     state = end_task(state, p, x, y, size, jax.random.key(t))
@@ -326,19 +360,31 @@ def test_ewc_consolidate_fills_one_slot_per_task_with_one_compile():
   np.testing.assert_array_equal(np.asarray(state.filled), [True, True])
   for slot, (p, size) in enumerate(zip(param_sets, (12, 7))):
     _assert_tree_close(jax.tree.map(lambda s: s[slot], state.anchor), p, rtol=0)
-    fisher = reg.fisher_reference(p, x, y, size, jax.random.key(slot), logits_fn=logits_fn, beta=BETA,
-                                  batch_size=4, num_batches=2, divisor=8.0)
+    fisher = reg.fisher_reference(
+      p, x, y, size, jax.random.key(slot), logits_fn=logits_fn, beta=BETA, batch_size=4, num_batches=2, divisor=8.0
+    )
     _assert_tree_close(jax.tree.map(lambda s: s[slot], state.importance), fisher, rtol=1e-5, atol=1e-8)
 
 
 def test_online_ewc_decays_the_previous_fisher():
   params, logits_fn = _mlp()
   x, y = _data(11, 8)
-  end_task = jax.jit(functools.partial(reg.consolidate, method="ewc", fisher="exact", labels="true",
-                                       online=True, decay=0.5, logits_fn=logits_fn, beta=BETA))
+  end_task = jax.jit(
+    functools.partial(
+      reg.consolidate,
+      method="ewc",
+      fisher="exact",
+      labels="true",
+      online=True,
+      decay=0.5,
+      logits_fn=logits_fn,
+      beta=BETA,
+    )
+  )
   state = end_task(reg.init(params), params, x, y, 8)
   state = end_task(state, params, x, y, 8)
   fisher = reg.fisher_exact(params, x, y, logits_fn=logits_fn, beta=BETA)
-  _assert_tree_close(jax.tree.map(lambda s: s[0], state.importance),
-                     jax.tree.map(lambda f: 1.5 * f, fisher), rtol=1e-5, atol=1e-9)
+  _assert_tree_close(
+    jax.tree.map(lambda s: s[0], state.importance), jax.tree.map(lambda f: 1.5 * f, fisher), rtol=1e-5, atol=1e-9
+  )
   assert int(state.consolidations) == 2 and state.num_slots == 1

@@ -13,7 +13,12 @@ def test_expand_is_the_product_of_the_axes():
   runs = sweep_lib.expand(sweeps.get_config("smoke"))
   assert len(runs) == 2 * 4
   config = runs["variant=relu-tiny__neurons=48"]
-  assert (config.model.kind, config.model.neurons, config.epochs_per_task, tuple(config.seeds)) == ("relu", 48, 1, (0, 1))
+  assert (config.model.kind, config.model.neurons, config.epochs_per_task, tuple(config.seeds)) == (
+    "relu",
+    48,
+    1,
+    (0, 1),
+  )
   assert len(sweep_lib.expand(sweeps.get_config("methods"))) == 4 * 2 * 2
   for config in runs.values():
     experiment.validate_config(config)
@@ -38,8 +43,12 @@ def _fake_train_and_evaluate(calls, interrupt_after=None):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     acc = config.model.neurons / 100
-    results = dict(status="finished", wall_time_s=1.0, machine="test",
-                   per_seed=[dict(seed=s, final_accuracy=acc, average_accuracy=acc) for s in config.seeds])
+    results = dict(
+      status="finished",
+      wall_time_s=1.0,
+      machine="test",
+      per_seed=[dict(seed=s, final_accuracy=acc, average_accuracy=acc) for s in config.seeds],
+    )
     (workdir / "results.json").write_text(json.dumps(results))
     return results
 

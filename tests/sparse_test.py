@@ -75,10 +75,10 @@ def _switched_states(spec, tx, seeds):
 
 # XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/cpu_kernels.py)
 # under lax.map and under vmap over seeds.
-@pytest.mark.parametrize("max_touched,kernel,seed_loop", [(0, "xla", "auto"), (40, "xla", "auto"),
-                                                          (None, "ffi", "map"), (None, "ffi", "vmap")])
-@pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"),
-                                                     (None, 0.3, "flat")])
+@pytest.mark.parametrize(
+  "max_touched,kernel,seed_loop", [(0, "xla", "auto"), (40, "xla", "auto"), (None, "ffi", "map"), (None, "ffi", "vmap")]
+)
+@pytest.mark.parametrize("clip_norm,lr,k_schedule", [(1.0, 0.05, "gaba"), (0.02, 0.5, "gaba"), (None, 0.3, "flat")])
 @pytest.mark.slow
 def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched, kernel, seed_loop):
   """Same params, counters and metrics as the dense step, with neurons shared across each batch
@@ -87,20 +87,21 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
-  tx = optim.make_optimizer("sgd", lr, clip_norm=clip_norm,
-                            projection=functools.partial(models.project_params, spec=spec))
+  tx = optim.make_optimizer(
+    "sgd", lr, clip_norm=clip_norm, projection=functools.partial(models.project_params, spec=spec)
+  )
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
   dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched,
-                                                                      kernel=kernel))
+  fast = train.make_train_block(
+    **kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched, kernel=kernel)
+  )
   a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
   for task in range(2):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
     b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
-    chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0),
-                                atol=1e-5)
+    chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
   assert int(a.step[0]) == int(b.step[0])
   assert float(b_metrics.active_per_example[0, -1]) <= spec.k
@@ -124,8 +125,9 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   projection = functools.partial(models.project_params, spec=spec)
   state = jax.tree.map(lambda a: a[0], _switched_states(spec, optim.make_optimizer("sgd", 1.0), [3]))
   xb, yb, valid = train.to_float_input(x[0, :50]), y[0, :50], jnp.arange(50) < 47
-  grads, _ = jax.grad(train.loss_and_stats, has_aux=True)(state.params, state, xb, yb, valid, spec=spec,
-                                                          dropout_key=None)
+  grads, _ = jax.grad(train.loss_and_stats, has_aux=True)(
+    state.params, state, xb, yb, valid, spec=spec, dropout_key=None
+  )
   clip_norm = clip_factor * float(optax.tree.norm(grads))
   tx = optim.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
   state = state.replace(opt_state=tx.init(state.params))
@@ -156,22 +158,32 @@ def test_automatic_address_path_and_touched_overflow():
   a, metrics = fast(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
   assert float(metrics.sparse_fraction[0, -1]) == 0.0  # every batch of 64 touches more than 3 neurons
   a, _ = dense(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
-  b, _, ran_sparse = train.run_block(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0),
-                                     dense_block=dense, sparse_block=fast)
+  b, _, ran_sparse = train.run_block(
+    _switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
+  )
   assert not ran_sparse
   chex.assert_trees_all_close(a.params, b.params, atol=1e-6)
 
 
-@pytest.mark.parametrize("spec,optimizer,reason", [
+@pytest.mark.parametrize(
+  "spec,optimizer,reason",
+  [
     (models.sdmlp(784, 50, 10, k_schedule="linear"), "sgd", "k_schedule"),
     (models.sdmlp(784, 50, 10), "sgdm", "optimizer"),
     (models.sdmlp(784, 50, 10, hidden_bias=True), "sgd", "biases"),
     (models.sdmlp(784, 50, 10, l2_norm=False), "sgd", "constraint"),
     (models.relu_mlp(784, 50, 10), "sgd", "k_schedule"),
-])
+  ],
+)
 def test_ineligible_models_are_refused(spec, optimizer, reason):
   assert reason in sparse.ineligibility(spec, optimizer=optimizer)
   if optimizer == "sgd":
     with pytest.raises(ValueError, match="not exact"):
-      train.make_train_block(spec=spec, tx=optim.make_optimizer("sgd", 0.1), batch_size=8, epochs=1,
-                             seed_axis_data=False, sparse_sgd=sparse.SparseSGD(0.1))
+      train.make_train_block(
+        spec=spec,
+        tx=optim.make_optimizer("sgd", 0.1),
+        batch_size=8,
+        epochs=1,
+        seed_axis_data=False,
+        sparse_sgd=sparse.SparseSGD(0.1),
+      )

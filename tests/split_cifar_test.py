@@ -24,17 +24,25 @@ def _fake_dataset(num_classes, dim=256, per_class=12, test_per_class=4, seed=0, 
     return (means[y] + 0.3 * rng.normal(size=(len(y), dim))).astype(np.float32), y
 
   (tx, ty), (vx, vy) = split(per_class), split(test_per_class)
-  return dict(train_images=tx, train_labels=ty, test_images=vx, test_labels=vy, lossy=lossy,
-              source="synthetic embeddings" + (" (LOSSY JPEG stand-in)" if lossy else ""))
+  return dict(
+    train_images=tx,
+    train_labels=ty,
+    test_images=vx,
+    test_labels=vy,
+    lossy=lossy,
+    source="synthetic embeddings" + (" (LOSSY JPEG stand-in)" if lossy else ""),
+  )
 
 
 @pytest.fixture
 def fake_data(monkeypatch):
   """load_dataset(name, data_dir): data_dir "imagenet:C" gives C classes, anything else CIFAR-10's 10."""
+
   def load(name, data_dir=None, **kwargs):
     classes = int(data_dir.split(":")[1]) if data_dir and data_dir.startswith("imagenet:") else 10
     classes = 100 if data_dir == "cifar100" else classes
     return _fake_dataset(classes)
+
   monkeypatch.setattr(data_lib, "load_dataset", load)
 
 
@@ -53,19 +61,34 @@ def test_every_row_and_pretrain_validates(size):
 def test_reference_settings():
   p = pretrain.get_config("sdmlp")
   assert (p.epochs_per_task, p.model.gaba_switch_activations, p.optimizer.name, p.optimizer.learning_rate) == (
-      300, 5e5, "sgdm", 0.03)
+    300,
+    5e5,
+    "sgdm",
+    0.03,
+  )
   assert p.classes_per_task == p.num_classes == 1000 and p.model.input_size == 256
   px = pretrain.get_config("pixels_sdmlp_10k")
   assert (px.epochs_per_task, px.model.gaba_switch_activations, px.model.input_size, px.dataset) == (
-      100, 1e7, 3072, "imagenet32")
+    100,
+    1e7,
+    3072,
+    "imagenet32",
+  )
   assert pretrain.get_config("topk").model.k_transition_epochs == 50
   c = split_cifar.get_config("sdmlp")
   assert (c.epochs_per_task, c.optimizer.name, c.optimizer.learning_rate, c.batch_size) == (2000, "sgd", 0.05, 128)
   assert c.model.gaba_switch_activations == 5e5 and c.pretrain_variant == "sdmlp"  # T inherited from the pretrain
   assert c.seeds == (0, 3, 15, 27, 97) and c.class_order == "reference"
   e = split_cifar.get_config("sdmlp_ewc_10k")
-  assert (e.optimizer.name, e.optimizer.learning_rate, e.regularizer.method, e.regularizer.strength,
-          e.regularizer.beta, e.model.neurons, e.model.k) == ("sgdm", 0.03, "ewc", 100.0, 0.08, 10_000, 10)
+  assert (
+    e.optimizer.name,
+    e.optimizer.learning_rate,
+    e.regularizer.method,
+    e.regularizer.strength,
+    e.regularizer.beta,
+    e.model.neurons,
+    e.model.k,
+  ) == ("sgdm", 0.03, "ewc", 100.0, 0.08, 10_000, 10)
   assert split_cifar.get_config("nopretrain_sdmlp_ewc").optimizer.name == "sgd"  # no pretraining: SGD for all
   assert split_cifar.get_config("nopretrain_sdmlp_k1").model.gaba_switch_activations == 5e6
   assert split_cifar.get_config("nopretrain_sdmlp_k1,quick").model.gaba_switch_activations == 5e5
@@ -200,15 +223,29 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
 def _embedding_file(path, key, num_classes=10, dim=8):
   """A small embedding file as experiments.embed writes it; key None: an older or hand-made file (no key)."""
   ds = _fake_dataset(num_classes, dim=dim, lossy=False)
-  meta = dict(dataset=path.stem, dataset_source="synthetic", lossy=False, embedder="/convmixer", dim=dim,
-              num_classes=num_classes, embedder_key=key)
+  meta = dict(
+    dataset=path.stem,
+    dataset_source="synthetic",
+    lossy=False,
+    embedder="/convmixer",
+    dim=dim,
+    num_classes=num_classes,
+    embedder_key=key,
+  )
   if key is None:
     del meta["embedder_key"]
-    np.savez(path, **{k: ds[k] for k in ("train_images", "train_labels", "test_images", "test_labels")},
-             meta=json.dumps(meta))
+    np.savez(
+      path, **{k: ds[k] for k in ("train_images", "train_labels", "test_images", "test_labels")}, meta=json.dumps(meta)
+    )
     return path
-  return embeddings.save_embeddings(path, train_embeddings=ds["train_images"], train_labels=ds["train_labels"],
-                                    test_embeddings=ds["test_images"], test_labels=ds["test_labels"], meta=meta)
+  return embeddings.save_embeddings(
+    path,
+    train_embeddings=ds["train_images"],
+    train_labels=ds["train_labels"],
+    test_embeddings=ds["test_images"],
+    test_labels=ds["test_labels"],
+    meta=meta,
+  )
 
 
 def _split(data_file, pretrain_dir, workdir):
@@ -232,13 +269,17 @@ def _pretrain_config(data_file):
 @pytest.mark.slow
 def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path):
   """A retrained embedder (new key) with an old pretrain is refused; embeddings from the same one run."""
-  experiment.train_and_evaluate(_pretrain_config(_embedding_file(tmp_path / "imagenet32.npz", "aaa111")),
-                                tmp_path / "pretrain")
+  experiment.train_and_evaluate(
+    _pretrain_config(_embedding_file(tmp_path / "imagenet32.npz", "aaa111")), tmp_path / "pretrain"
+  )
   with np.load(tmp_path / "pretrain" / "final_state.npz") as f:
     assert json.loads(str(f["data"]))["embedder_key"] == "aaa111"
-  with pytest.raises(ValueError, match=r"(?s)config\.pretrained: .*pretrain/final_state\.npz was pretrained on "
-                     r".*imagenet32\.npz \(embedder key aaa111\), but config\.data_dir .*cifar10_new\.npz was "
-                     r"embedded by another embedder \(key bbb222\).*experiments\.embed"):
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)config\.pretrained: .*pretrain/final_state\.npz was pretrained on "
+    r".*imagenet32\.npz \(embedder key aaa111\), but config\.data_dir .*cifar10_new\.npz was "
+    r"embedded by another embedder \(key bbb222\).*experiments\.embed",
+  ):
     _split(_embedding_file(tmp_path / "cifar10_new.npz", "bbb222"), tmp_path / "pretrain", tmp_path / "refused")
   assert not (tmp_path / "refused").exists()  # refused before anything was written
   results = _split(_embedding_file(tmp_path / "cifar10.npz", "aaa111"), tmp_path / "pretrain", tmp_path / "same")
@@ -252,12 +293,17 @@ def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, 
   pre = _pretrain_config(tmp_path / "imagenet32.npz")
   rng = np.random.default_rng(0)
   states = types.SimpleNamespace(
-      params={"hidden": {"kernel": rng.random((1, 8, 16), np.float32)},
-              "output": {"kernel": rng.random((1, 16, 10), np.float32)}},
-      gaba_counts=np.zeros((1, 16), np.float32), epoch=np.ones((1,), np.int32))
+    params={
+      "hidden": {"kernel": rng.random((1, 8, 16), np.float32)},
+      "output": {"kernel": rng.random((1, 16, 10), np.float32)},
+    },
+    gaba_counts=np.zeros((1, 16), np.float32),
+    epoch=np.ones((1,), np.int32),
+  )
   (tmp_path / "pretrain").mkdir()
-  experiment.save_final_state(tmp_path / "pretrain" / "final_state.npz", states, (0,),
-                              data=dict(file=pre.data_dir, embedder_key="aaa111"))
+  experiment.save_final_state(
+    tmp_path / "pretrain" / "final_state.npz", states, (0,), data=dict(file=pre.data_dir, embedder_key="aaa111")
+  )
   (tmp_path / "pretrain" / "config.json").write_text(pre.to_json_best_effort())
   results = _split(_embedding_file(tmp_path / "cifar10_old.npz", None), tmp_path / "pretrain", tmp_path / "run")
   assert results["tasks_finished"] == 5 and "sha256" in results["dataset"]["identity"]

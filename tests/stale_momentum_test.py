@@ -35,8 +35,7 @@ def test_adam_first_steps_by_hand():
   # Constant correction: m̂ = 10 m, v̂ = 1000 v. Step 0: 0.2 / sqrt(0.04) = 1 exactly.
   np.testing.assert_allclose(t.numerator[:3], [0.2, 0.38, 0.342], rtol=1e-12)
   np.testing.assert_allclose(t.denominator[:3] ** 2, [0.04, 0.07996, 0.07988004], rtol=1e-12)
-  np.testing.assert_allclose(
-      t.update[:3], [1.0, 0.38 / np.sqrt(0.07996), 0.342 / np.sqrt(0.07988004)], rtol=1e-12)
+  np.testing.assert_allclose(t.update[:3], [1.0, 0.38 / np.sqrt(0.07996), 0.342 / np.sqrt(0.07988004)], rtol=1e-12)
 
 
 def test_rmsprop_first_steps_by_hand():
@@ -76,8 +75,9 @@ def test_sgdm_update_decays_as_gamma_to_the_gap():
 @pytest.mark.parametrize("optimizer", sm.OPTIMIZERS)
 def test_simulation_matches_closed_form(optimizer):
   gaps = np.arange(1, 400)
-  np.testing.assert_allclose(sm.amplification(optimizer, gaps),
-                             sm.closed_form_amplification(optimizer, gaps), rtol=1e-10)
+  np.testing.assert_allclose(
+    sm.amplification(optimizer, gaps), sm.closed_form_amplification(optimizer, gaps), rtol=1e-10
+  )
 
 
 def test_paper_amplification_at_gap_near_100():
@@ -117,17 +117,18 @@ def test_adam_and_rmsprop_are_scale_free_sgdm_is_linear():
   # not depend on |g|, SGDM's is proportional to it.
   gaps = np.arange(1, 120)
   for opt in ("adam", "rmsprop"):
-    np.testing.assert_allclose(sm.next_firing_update(opt, gaps, value=0.01),
-                               sm.next_firing_update(opt, gaps, value=0.2), rtol=1e-9)
-  np.testing.assert_allclose(sm.next_firing_update("sgdm", gaps, value=0.01),
-                             sm.next_firing_update("sgdm", gaps, value=0.2) / 20, rtol=1e-9)
+    np.testing.assert_allclose(
+      sm.next_firing_update(opt, gaps, value=0.01), sm.next_firing_update(opt, gaps, value=0.2), rtol=1e-9
+    )
+  np.testing.assert_allclose(
+    sm.next_firing_update("sgdm", gaps, value=0.01), sm.next_firing_update("sgdm", gaps, value=0.2) / 20, rtol=1e-9
+  )
 
 
 def test_notebook_eps_is_negligible():
   gaps = np.arange(1, 200)
   for opt in sm.OPTIMIZERS:
-    np.testing.assert_allclose(sm.amplification(opt, gaps, eps=1e-8),
-                               sm.amplification(opt, gaps), rtol=1e-6)
+    np.testing.assert_allclose(sm.amplification(opt, gaps, eps=1e-8), sm.amplification(opt, gaps), rtol=1e-6)
 
 
 @pytest.mark.parametrize("optimizer", sm.OPTIMIZERS)
@@ -138,8 +139,7 @@ def test_dense_stream_reaches_the_steady_state(optimizer):
 
 def test_gradient_delta_is_update_minus_true_gradient():
   gaps = np.arange(8, 98)
-  np.testing.assert_allclose(sm.gradient_delta("adam", gaps),
-                             sm.next_firing_update("adam", gaps) - G, rtol=1e-12)
+  np.testing.assert_allclose(sm.gradient_delta("adam", gaps), sm.next_firing_update("adam", gaps) - G, rtol=1e-12)
 
 
 def test_bad_arguments():

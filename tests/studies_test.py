@@ -1,6 +1,5 @@
 """experiments.studies and the study configs: Table 2 ablations and the k frontier."""
 
-
 import numpy as np
 import pytest
 
@@ -54,9 +53,13 @@ def test_row_configs_and_figures(tmp_path):
   configs = studies.ablation_configs(["sgd", "lazy_adam"], dataset="mnist", epochs_per_task=4, seeds=["0", "2"])
   assert configs["sgd"].seeds == (0, 2) and configs["lazy_adam"].epochs_per_task == 4
   curve = lambda seed, dead: [dict(seed=seed, epoch=e, dead_fraction=d) for e, d in zip(range(2, 21, 2), dead)]
-  fake = {row: dict(summary=dict(final_accuracy_mean=0.5, final_accuracy_sem=0.01),
-                    per_seed=[dict(curves=curve(0, np.linspace(0, 0.3, 10))), dict(curves=curve(2, np.zeros(10)))])
-          for row in configs}
+  fake = {
+    row: dict(
+      summary=dict(final_accuracy_mean=0.5, final_accuracy_sem=0.01),
+      per_seed=[dict(curves=curve(0, np.linspace(0, 0.3, 10))), dict(curves=curve(2, np.zeros(10)))],
+    )
+    for row in configs
+  }
   studies.plot_dead_neurons(fake, tmp_path / "dead.png", epochs_per_task=4)
   studies.plot_final_accuracy(fake, configs, tmp_path / "acc.png")
   for name in ("dead.png", "acc.png"):
@@ -80,8 +83,9 @@ def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   for i in range(2):
     hidden = np.maximum(x @ params["hidden"]["kernel"][i] + params["hidden"]["bias"][i], 0.0)
     assert dead[i] == pytest.approx(np.mean(hidden.sum(0) < 1e-4))
-  table = studies.dead_table({"relu": {"per_seed": [dict(final_accuracy=0.2, dead_fraction=0.5)] * 2}},
-                                    {"relu": [0.1, 0.3]}, header="h")
+  table = studies.dead_table(
+    {"relu": {"per_seed": [dict(final_accuracy=0.2, dead_fraction=0.5)] * 2}}, {"relu": [0.1, 0.3]}, header="h"
+  )
   assert "| relu | 0.200 ± 0.000 | 0.500 ± 0.000 | 0.200 ± 0.100 |" in table
 
 
@@ -111,10 +115,13 @@ def test_k_frontier_configs_share_schedule_and_T():
 def test_k_frontier_summary_markdown_and_plot(tmp_path):
   def seed(final, first, forgetting, dead):
     return dict(final_accuracy=final, acc_matrix=[[first, 0.0]], forgetting=forgetting, dead_fraction=dead)
-  results = {"k1": dict(per_seed=[seed(0.6, 0.99, 0.3, 0.1), seed(0.4, 0.97, 0.5, 0.3)]),
-             "k1_ncl": dict(per_seed=[seed(0.8, 0.8, 0, 0), seed(0.9, 0.9, 0, 0)]),
-             "k10": dict(per_seed=[seed(0.5, 1.0, 0.4, 0.0)] * 2),
-             "k10_ncl": dict(per_seed=[seed(0.95, 0.95, 0, 0)] * 2)}
+
+  results = {
+    "k1": dict(per_seed=[seed(0.6, 0.99, 0.3, 0.1), seed(0.4, 0.97, 0.5, 0.3)]),
+    "k1_ncl": dict(per_seed=[seed(0.8, 0.8, 0, 0), seed(0.9, 0.9, 0, 0)]),
+    "k10": dict(per_seed=[seed(0.5, 1.0, 0.4, 0.0)] * 2),
+    "k10_ncl": dict(per_seed=[seed(0.95, 0.95, 0, 0)] * 2),
+  }
   summary = studies.k_frontier_summary(results, [1, 10])
   assert summary[0]["k"] == 1
   np.testing.assert_allclose(summary[0]["cl_accuracy"], (0.5, 0.1))  # std(ddof=1)=0.1414 / sqrt(2)

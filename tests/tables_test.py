@@ -38,6 +38,7 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   # A second call reruns nothing: every row finished with the same config.
   def fail(*args, **kwargs):
     raise AssertionError("a finished row was rerun")
+
   monkeypatch.setattr(experiment, "train_and_evaluate", fail)
   again = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
   assert again["sdmlp"]["summary"] == results["sdmlp"]["summary"]
@@ -85,12 +86,19 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
   tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a", seeds=(0, 1))
   ran = []
   real = experiment.train_and_evaluate
-  monkeypatch.setattr(experiment, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name)
-                      or real(config, workdir))
+  monkeypatch.setattr(
+    experiment, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name) or real(config, workdir)
+  )
   # This process runs only the SDMLP row, yet its table holds both, in also_show's order.
-  shown = tables.run_rows({"sdmlp": configs["sdmlp"]}, tmp_path, title="T", command="b", seeds=(0, 1),
-                          filename="t.md", also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"],
-                                                      "relu": split_mnist.get_config("relu,tiny")})
+  shown = tables.run_rows(
+    {"sdmlp": configs["sdmlp"]},
+    tmp_path,
+    title="T",
+    command="b",
+    seeds=(0, 1),
+    filename="t.md",
+    also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"], "relu": split_mnist.get_config("relu,tiny")},
+  )
   assert ran == ["sdmlp"] and list(shown) == ["sdmlp", "flymodel"]
   text = (tmp_path / "t.md").read_text()
   rows = [l.split("|")[1].strip() for l in text.splitlines() if l.startswith("| ") and "neurons" not in l]
@@ -100,11 +108,19 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
   # run=False runs nothing and rewrites the table from the finished rows.
   (tmp_path / "t.md").unlink()
   monkeypatch.setattr(experiment, "train_and_evaluate", lambda *a: pytest.fail("ran a row"))
-  shown = tables.run_rows({"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"]}, tmp_path, title="T",
-                          command="c", seeds=(0, 1), filename="t.md", run=False)
+  shown = tables.run_rows(
+    {"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"]},
+    tmp_path,
+    title="T",
+    command="c",
+    seeds=(0, 1),
+    filename="t.md",
+    run=False,
+  )
   assert sorted(shown) == ["flymodel", "sdmlp"] and (tmp_path / "t.md").exists()
   # A row whose config changed is not finished: nothing to show is an error, not an empty table.
   configs["flymodel"].optimizer.learning_rate = 1.0
   with pytest.raises(ValueError, match="no row"):
-    tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", seeds=(0,),
-                    run=False)
+    tables.run_rows(
+      {"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", seeds=(0,), run=False
+    )

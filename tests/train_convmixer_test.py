@@ -39,13 +39,16 @@ def test_variants_and_reference_recipe():
     convmixer_config.get_config('bogus')
 
 
-@pytest.mark.parametrize('field,value,match', [
+@pytest.mark.parametrize(
+  'field,value,match',
+  [
     ('batch_size', 0, 'config.batch_size'),
     ('lr_schedule', 'cosine', 'config.lr_schedule'),
     ('patch_size', 3, 'config.patch_size'),
     ('randaugment_magnitude', 31, 'config.randaugment_magnitude'),
     ('num_devices', 64, 'config.num_devices'),
-])
+  ],
+)
 def test_config_errors_name_the_field(field, value, match):
   c = tiny_config(**{field: value})
   with pytest.raises(ValueError, match=match):

@@ -22,14 +22,21 @@ def _mnist_tasks(per_task=600):
   test = data.split_by_task(ds["test_images"], ds["test_labels"], classes)
   tx_, ty_, tsizes = data.pad_tasks([(a[:300], b[:300]) for a, b in test])
   flat = lambda a: jnp.asarray(a.reshape(a.shape[0], a.shape[1], -1))
-  return dict(train_x=flat(x), train_y=jnp.asarray(y, jnp.int32), train_sizes=jnp.asarray(sizes),
-              test_x=flat(tx_), test_y=jnp.asarray(ty_, jnp.int32), test_sizes=jnp.asarray(tsizes),
-              task_classes=jnp.asarray(classes, jnp.int32))
+  return dict(
+    train_x=flat(x),
+    train_y=jnp.asarray(y, jnp.int32),
+    train_sizes=jnp.asarray(sizes),
+    test_x=flat(tx_),
+    test_y=jnp.asarray(ty_, jnp.int32),
+    test_sizes=jnp.asarray(tsizes),
+    task_classes=jnp.asarray(classes, jnp.int32),
+  )
 
 
 def _setup(spec, lr=0.05, name="sgd"):
-  tx = optim.make_optimizer(name, lr, projection=functools.partial(models.project_params, spec=spec)
-                            if spec.constrained else None)
+  tx = optim.make_optimizer(
+    name, lr, projection=functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  )
   return tx
 
 
@@ -64,12 +71,14 @@ def test_vmapped_seeds_equal_single_seed_runs():
     single = train.init_states(np.array([seed]), spec=spec, tx=tx)
     for task in range(2):
       single, _ = block(single, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
-    chex.assert_trees_all_close(jax.tree.map(lambda a: a[i], stacked.params),
-                                jax.tree.map(lambda a: a[0], single.params), atol=1e-5)
+    chex.assert_trees_all_close(
+      jax.tree.map(lambda a: a[i], stacked.params), jax.tree.map(lambda a: a[0], single.params), atol=1e-5
+    )
     np.testing.assert_array_equal(np.asarray(stacked.gaba_counts[i]), np.asarray(single.gaba_counts[0]))
   # Different seeds really are different runs.
-  assert not np.allclose(np.asarray(stacked.params["output"]["kernel"][0]),
-                         np.asarray(stacked.params["output"]["kernel"][1]))
+  assert not np.allclose(
+    np.asarray(stacked.params["output"]["kernel"][0]), np.asarray(stacked.params["output"]["kernel"][1])
+  )
 
 
 @pytest.mark.slow
@@ -82,8 +91,7 @@ def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   x, y = tasks["train_x"][0, :32], tasks["train_y"][0, :32]
   valid = jnp.arange(32) < 30
   new_state, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, x, y, valid)
-  _, hidden = models.forward(state.params, train.to_float_input(x), spec=spec, k=spec.k,
-                             gaba_counts=state.gaba_counts)
+  _, hidden = models.forward(state.params, train.to_float_input(x), spec=spec, k=spec.k, gaba_counts=state.gaba_counts)
   expected = np.asarray((hidden[:30] > 0).sum(0), np.float32)
   np.testing.assert_array_equal(np.asarray(new_state.gaba_counts), expected)
   assert expected.min() == 30  # lambda = -1 at the start: every neuron fires for every example
@@ -161,26 +169,39 @@ def test_seed_loops_agree(seed_loop):
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 48, 10, k=3, gaba_switch_activations=2000.0)
   tx = _setup(spec)
-  reference = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False,
-                                     seed_loop="map" if seed_loop == "vmap" else "vmap")
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False,
-                                 seed_loop=seed_loop)
-  a, _ = reference(train.init_states(np.array([4, 5]), spec=spec, tx=tx), tasks["train_x"], tasks["train_y"],
-                   tasks["train_sizes"], jnp.int32(0))
-  b, _ = block(train.init_states(np.array([4, 5]), spec=spec, tx=tx), tasks["train_x"], tasks["train_y"],
-               tasks["train_sizes"], jnp.int32(0))
+  reference = train.make_train_block(
+    spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False, seed_loop="map" if seed_loop == "vmap" else "vmap"
+  )
+  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False, seed_loop=seed_loop)
+  a, _ = reference(
+    train.init_states(np.array([4, 5]), spec=spec, tx=tx),
+    tasks["train_x"],
+    tasks["train_y"],
+    tasks["train_sizes"],
+    jnp.int32(0),
+  )
+  b, _ = block(
+    train.init_states(np.array([4, 5]), spec=spec, tx=tx),
+    tasks["train_x"],
+    tasks["train_y"],
+    tasks["train_sizes"],
+    jnp.int32(0),
+  )
   chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
   with pytest.raises(ValueError, match="seed_loop"):
     train.resolve_seed_loop("pmap")
 
 
-@pytest.mark.parametrize("method,strength,options", [
+@pytest.mark.parametrize(
+  "method,strength,options",
+  [
     ("ewc", 100.0, dict(fisher="exact", fisher_labels="true")),
     ("ewc", 100.0, dict(beta=0.1)),  # the authors' estimator, tempered
     ("l2", 1.0, {}),
     ("mas", 10.0, {}),
     ("si", 10.0, {}),
-])
+  ],
+)
 @pytest.mark.slow
 def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, options):
   """Each regulariser through the engine: anchors at the task boundary, less forgetting than none."""
@@ -192,8 +213,9 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
 
   def first_task_accuracy_after_two(regularizer):
     states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=5)
-    block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False,
-                                   regularizer=regularizer)
+    block = train.make_train_block(
+      spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False, regularizer=regularizer
+    )
     states, _ = block(states, *data, jnp.int32(0))
     if regularizer is not None:
       end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
@@ -207,7 +229,8 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
 
   plain_first, plain_second = first_task_accuracy_after_two(None)
   kept_first, kept_second = first_task_accuracy_after_two(
-      regularizers.RegularizerSpec(method=method, strength=strength, **options))
+    regularizers.RegularizerSpec(method=method, strength=strength, **options)
+  )
   assert plain_first < 0.5 < plain_second  # without a regulariser task 0 is overwritten
   assert kept_first > plain_first + 0.2, (kept_first, plain_first)
 
@@ -221,20 +244,35 @@ def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
     def run(states, *data):
       calls.append(kind)
       return states, train.EpochMetrics(*(jnp.zeros((1, 1)),) * 4, jnp.full((1, 1), 1.0 if exact else 0.5))
+
     return run
 
   states = {"w": jnp.zeros(2)}
   schedule = train.SparseSchedule()
-  for active, exact, expect in [(None, True, "dense"), (50.0, True, "dense"), (10.0, False, "sparse"),
-                                (10.0, True, "dense")]:
+  for active, exact, expect in [
+    (None, True, "dense"),
+    (50.0, True, "dense"),
+    (10.0, False, "sparse"),
+    (10.0, True, "dense"),
+  ]:
     schedule = schedule._replace(active_last=active)
     calls.clear()
-    _, _, ran_sparse, schedule = train.run_block_scheduled(states, dense_block=block("dense", True),
-                                                           sparse_block=block("sparse", exact), capacity=10,
-                                                           schedule=schedule, block_index=3)
+    _, _, ran_sparse, schedule = train.run_block_scheduled(
+      states,
+      dense_block=block("dense", True),
+      sparse_block=block("sparse", exact),
+      capacity=10,
+      schedule=schedule,
+      block_index=3,
+    )
     assert calls[0] == expect and ran_sparse == (expect == "sparse" and exact)
   assert schedule.retry_at == 13 and not schedule.started  # the miss at block 3: retry from block 13
-  _, _, ran_sparse, schedule = train.run_block_scheduled(states, dense_block=block("dense", True),
-                                                         sparse_block=block("sparse", True), capacity=10,
-                                                         schedule=schedule, block_index=13)
+  _, _, ran_sparse, schedule = train.run_block_scheduled(
+    states,
+    dense_block=block("dense", True),
+    sparse_block=block("sparse", True),
+    capacity=10,
+    schedule=schedule,
+    block_index=13,
+  )
   assert ran_sparse and schedule.started

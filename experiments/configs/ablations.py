@@ -37,21 +37,21 @@ from experiments.configs import split_mnist
 
 # Row -> (config overrides, paper Table 2 value or None).
 ROWS = {
-    "sgd": ({}, 0.63),
-    "sgdm": ({"optimizer.name": "sgdm", "optimizer.learning_rate": 0.03}, 0.54),
-    "adam": ({"optimizer.name": "adam", "optimizer.learning_rate": 1e-3}, 0.23),
-    "rmsprop": ({"optimizer.name": "rmsprop", "optimizer.learning_rate": 5e-4}, 0.20),
-    "linear_subtract": ({"model.k_schedule": "linear", "model.inhibition": "subtract"}, 0.63),
-    "linear_mask": ({"model.k_schedule": "linear", "model.inhibition": "mask"}, 0.38),
-    "no_linear_anneal": ({"model.k_schedule": "flat", "model.inhibition": "mask"}, 0.35),
-    "negative_weights": ({"model.positive_weights": False}, 0.57),
-    "no_l2_norm": ({"model.l2_norm": False}, 0.20),
-    "hidden_bias": ({"model.hidden_bias": True}, 0.20),
-    "output_bias": ({"model.output_bias": True}, 0.20),
-    "lazy_sgdm": ({"optimizer.name": "lazy_sgdm", "optimizer.learning_rate": 0.03}, None),
-    "lazy_adam": ({"optimizer.name": "lazy_adam", "optimizer.learning_rate": 1e-3}, None),
-    "lazy_rmsprop": ({"optimizer.name": "lazy_rmsprop", "optimizer.learning_rate": 5e-4}, None),
-    "relu": (None, None),  # the Split MNIST ReLU baseline itself
+  "sgd": ({}, 0.63),
+  "sgdm": ({"optimizer.name": "sgdm", "optimizer.learning_rate": 0.03}, 0.54),
+  "adam": ({"optimizer.name": "adam", "optimizer.learning_rate": 1e-3}, 0.23),
+  "rmsprop": ({"optimizer.name": "rmsprop", "optimizer.learning_rate": 5e-4}, 0.20),
+  "linear_subtract": ({"model.k_schedule": "linear", "model.inhibition": "subtract"}, 0.63),
+  "linear_mask": ({"model.k_schedule": "linear", "model.inhibition": "mask"}, 0.38),
+  "no_linear_anneal": ({"model.k_schedule": "flat", "model.inhibition": "mask"}, 0.35),
+  "negative_weights": ({"model.positive_weights": False}, 0.57),
+  "no_l2_norm": ({"model.l2_norm": False}, 0.20),
+  "hidden_bias": ({"model.hidden_bias": True}, 0.20),
+  "output_bias": ({"model.output_bias": True}, 0.20),
+  "lazy_sgdm": ({"optimizer.name": "lazy_sgdm", "optimizer.learning_rate": 0.03}, None),
+  "lazy_adam": ({"optimizer.name": "lazy_adam", "optimizer.learning_rate": 1e-3}, None),
+  "lazy_rmsprop": ({"optimizer.name": "lazy_rmsprop", "optimizer.learning_rate": 5e-4}, None),
+  "relu": (None, None),  # the Split MNIST ReLU baseline itself
 }
 VARIANTS = tuple(ROWS)
 PAPER_FINAL_ACCURACY = {row: paper for row, (_, paper) in ROWS.items() if paper is not None}

@@ -39,8 +39,8 @@ def get_config(variant: str = "full") -> ml_collections.ConfigDict:
   c.variant = variant
   # Data: a name for sdm_jax.data.load_dataset.
   c.dataset = "imagenet32"
-  c.data_dir = ""                 # "" = the loader's default search
-  c.max_train_examples = 0        # 0 = all; >0 = the first N (after a fixed shuffle)
+  c.data_dir = ""  # "" = the loader's default search
+  c.max_train_examples = 0  # 0 = all; >0 = the first N (after a fixed shuffle)
   c.max_test_examples = 0
   # Model (reference: ConvMixer(256, depth 8, k 5, p 2)).
   c.dim = 256
@@ -51,7 +51,7 @@ def get_config(variant: str = "full") -> ml_collections.ConfigDict:
   c.epochs = 100
   c.batch_size = 512
   c.lr = 0.01
-  c.lr_schedule = "constant"      # or "onecycle"
+  c.lr_schedule = "constant"  # or "onecycle"
   c.weight_decay = 0.005
   c.clip_norm = 1.0
   # Augmentations (reference: HFlip, RandAugment n 2 m 12; RandomResizedCrop scale (1,1) is the identity).
@@ -60,7 +60,7 @@ def get_config(variant: str = "full") -> ml_collections.ConfigDict:
   c.randaugment_magnitude = 12
   c.seed = 0
   c.eval_batch_size = 1000
-  c.num_devices = 0               # 0 = all devices; the batch is sharded over them
+  c.num_devices = 0  # 0 = all devices; the batch is sharded over them
   c.log_every_steps = 50
   if "quick" in names:
     c.dataset = "cifar10_jpeg"

@@ -43,23 +43,25 @@ from experiments.configs import split_mnist
 
 # Per row: model kind, neurons, k, optimizer (name, lr), input ("embeddings" | "pixels").
 ROWS = {
-    "sdmlp": dict(kind="sdmlp", neurons=1_000, k=10, optimizer=("sgdm", 0.03), input="embeddings"),
-    "sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1, optimizer=("sgdm", 0.03), input="embeddings"),
-    "sdmlp_10k": dict(kind="sdmlp", neurons=10_000, k=10, optimizer=("sgdm", 0.03), input="embeddings"),
-    "relu": dict(kind="relu", neurons=1_000, optimizer=("sgd", 0.03), input="embeddings"),
-    "relu_10k": dict(kind="relu", neurons=10_000, optimizer=("sgd", 0.03), input="embeddings"),
-    "relu_sgdm_10k": dict(kind="relu", neurons=10_000, optimizer=("sgdm", 0.03), input="embeddings"),
-    "topk": dict(kind="topk", neurons=1_000, k=10, optimizer=("sgd", 0.03), input="embeddings"),
-    "pixels_sdmlp": dict(kind="sdmlp", neurons=1_000, k=10, optimizer=("sgdm", 0.03), input="pixels"),
-    "pixels_sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1, optimizer=("sgdm", 0.03), input="pixels"),
-    "pixels_sdmlp_10k": dict(kind="sdmlp", neurons=10_000, k=10, optimizer=("sgdm", 0.03), input="pixels"),
-    "pixels_relu": dict(kind="relu", neurons=1_000, optimizer=("sgd", 0.03), input="pixels"),
-    "pixels_relu_10k": dict(kind="relu", neurons=10_000, optimizer=("sgd", 0.03), input="pixels"),
+  "sdmlp": dict(kind="sdmlp", neurons=1_000, k=10, optimizer=("sgdm", 0.03), input="embeddings"),
+  "sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1, optimizer=("sgdm", 0.03), input="embeddings"),
+  "sdmlp_10k": dict(kind="sdmlp", neurons=10_000, k=10, optimizer=("sgdm", 0.03), input="embeddings"),
+  "relu": dict(kind="relu", neurons=1_000, optimizer=("sgd", 0.03), input="embeddings"),
+  "relu_10k": dict(kind="relu", neurons=10_000, optimizer=("sgd", 0.03), input="embeddings"),
+  "relu_sgdm_10k": dict(kind="relu", neurons=10_000, optimizer=("sgdm", 0.03), input="embeddings"),
+  "topk": dict(kind="topk", neurons=1_000, k=10, optimizer=("sgd", 0.03), input="embeddings"),
+  "pixels_sdmlp": dict(kind="sdmlp", neurons=1_000, k=10, optimizer=("sgdm", 0.03), input="pixels"),
+  "pixels_sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1, optimizer=("sgdm", 0.03), input="pixels"),
+  "pixels_sdmlp_10k": dict(kind="sdmlp", neurons=10_000, k=10, optimizer=("sgdm", 0.03), input="pixels"),
+  "pixels_relu": dict(kind="relu", neurons=1_000, optimizer=("sgd", 0.03), input="pixels"),
+  "pixels_relu_10k": dict(kind="relu", neurons=10_000, optimizer=("sgd", 0.03), input="pixels"),
 }
 VARIANTS = tuple(ROWS)
 # Reference epochs and GABA T of each input kind; the k schedule's transition (TopKDefault) is 50 epochs.
-INPUTS = {"embeddings": dict(dataset="embeddings", input_size=256, epochs=300, gaba_t=500_000),
-          "pixels": dict(dataset="imagenet32", input_size=3072, epochs=100, gaba_t=10_000_000)}
+INPUTS = {
+  "embeddings": dict(dataset="embeddings", input_size=256, epochs=300, gaba_t=500_000),
+  "pixels": dict(dataset="imagenet32", input_size=3072, epochs=100, gaba_t=10_000_000),
+}
 REFERENCE_TOPK_TRANSITION_EPOCHS = 50
 SIZES = ("full", "quick", "tiny")
 NUM_CLASSES = 1000

@@ -75,114 +75,201 @@ _SGD, _SGDM = ("sgd", 0.05), ("sgdm", 0.03)
 EWC, MAS, L2, SI = ("ewc", 100.0, 0.08), ("mas", 10.0, 1.0), ("l2", 30.0, 1.0), ("si", 1350.0, 0.02)
 
 
-def _row(kind, neurons, *, k=10, pretrain=None, optimizer=_SGD, regularizer=None, input=_E, classes=10,
-         oracle=False, dropout=0.0, fly_lr=0.0):
-  return dict(kind=kind, neurons=neurons, k=k, pretrain=pretrain, optimizer=optimizer, regularizer=regularizer,
-              input=input, classes=classes, oracle=oracle, dropout=dropout, fly_lr=fly_lr)
+def _row(
+  kind,
+  neurons,
+  *,
+  k=10,
+  pretrain=None,
+  optimizer=_SGD,
+  regularizer=None,
+  input=_E,
+  classes=10,
+  oracle=False,
+  dropout=0.0,
+  fly_lr=0.0,
+):
+  return dict(
+    kind=kind,
+    neurons=neurons,
+    k=k,
+    pretrain=pretrain,
+    optimizer=optimizer,
+    regularizer=regularizer,
+    input=input,
+    classes=classes,
+    oracle=oracle,
+    dropout=dropout,
+    fly_lr=fly_lr,
+  )
 
 
 ROWS = {
-    # Table 1: Split CIFAR-10 on ImageNet32-pretrained embeddings, 10K neurons.
-    "sdmlp_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k"),
-    "flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.01),
-    "mas_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=MAS),
-    "si_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=SI),
-    "relu_10k": _row("relu", 10_000, pretrain="relu_10k"),
-    "ewc_10k": _row("relu", 10_000, pretrain="relu_sgdm_10k", regularizer=EWC),
-    "sdmlp_mas_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=MAS),
-    "sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=EWC),
-    "oracle_10k": _row("relu", 10_000, pretrain="relu_10k", optimizer=("sgd", 0.03), oracle=True),
-    # Table 5: the same, 1K neurons.
-    "sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="sdmlp_k1"),
-    "sdmlp": _row("sdmlp", 1_000, pretrain="sdmlp"),
-    "topk": _row("topk", 1_000, pretrain="topk"),
-    # Table 5 lists 64 inputs per cell; the authors' CSV with the same 0.70 used 32
-    # (docs/reference_code.md#flymodel).
-    "flymodel": _row("flymodel", 1_000, k=64, fly_lr=0.005),
-    "mas": _row("relu", 1_000, pretrain="relu", regularizer=MAS),
-    "ewc": _row("relu", 1_000, pretrain="relu", regularizer=EWC),
-    "si": _row("relu", 1_000, pretrain="relu", regularizer=SI),
-    "l2": _row("relu", 1_000, pretrain="relu", regularizer=L2),
-    "dropout": _row("relu", 1_000, pretrain="relu", dropout=0.03),
-    "sdmlp_mas": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=MAS),
-    "sdmlp_ewc": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=EWC),
-    "oracle": _row("relu", 1_000, pretrain="relu", optimizer=("sgd", 0.03), oracle=True),
-    # Table 3: pixels, from the ImageNet32-pixel pretrains; SGD 0.05 for every row.
-    "pixels_sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="pixels_sdmlp_k1", input=_P),
-    "pixels_sdmlp_10k": _row("sdmlp", 10_000, pretrain="pixels_sdmlp_10k", input=_P),
-    "pixels_ewc": _row("relu", 1_000, pretrain="pixels_relu", regularizer=EWC, input=_P),
-    "pixels_sdmlp_ewc": _row("sdmlp", 1_000, pretrain="pixels_sdmlp", regularizer=EWC, input=_P),
-    "pixels_sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="pixels_sdmlp_10k", regularizer=EWC, input=_P),
-    "pixels_oracle": _row("relu", 1_000, pretrain="pixels_relu", optimizer=("sgd", 0.03), input=_P, oracle=True),
-    "pixels_oracle_10k": _row("relu", 10_000, pretrain="pixels_relu_10k", optimizer=("sgd", 0.03), input=_P,
-                              oracle=True),
-    # Table 4: embeddings, no pretraining (T = 5M), SGD 0.05 for every row.
-    "nopretrain_sdmlp_k1": _row("sdmlp", 1_000, k=1),
-    "nopretrain_sdmlp_10k": _row("sdmlp", 10_000),
-    "nopretrain_flymodel": _row("flymodel", 1_000, k=32, fly_lr=0.005),
-    "nopretrain_flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.01),
-    "nopretrain_ewc": _row("relu", 1_000, regularizer=EWC),
-    "nopretrain_sdmlp_ewc": _row("sdmlp", 1_000, regularizer=EWC),
-    "nopretrain_sdmlp_ewc_10k": _row("sdmlp", 10_000, regularizer=EWC),
-    "nopretrain_oracle": _row("relu", 1_000, optimizer=("sgd", 0.03), oracle=True),
-    "nopretrain_oracle_10k": _row("relu", 10_000, optimizer=("sgd", 0.03), oracle=True),
-    # Table 6: Split CIFAR-100 (50 tasks x 500 epochs) on pretrained embeddings.
-    "cifar100_sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="sdmlp_k1", classes=100),
-    "cifar100_sdmlp": _row("sdmlp", 1_000, pretrain="sdmlp", classes=100),
-    "cifar100_topk": _row("topk", 1_000, pretrain="topk", classes=100),
-    "cifar100_flymodel": _row("flymodel", 1_000, k=32, fly_lr=0.01, classes=100),
-    "cifar100_mas": _row("relu", 1_000, pretrain="relu", regularizer=MAS, classes=100),
-    "cifar100_ewc": _row("relu", 1_000, pretrain="relu", regularizer=EWC, classes=100),
-    "cifar100_sdmlp_ewc": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=EWC, classes=100),
-    "cifar100_sdmlp_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", classes=100),
-    "cifar100_flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.2, classes=100),
-    "cifar100_mas_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=MAS, classes=100),
-    "cifar100_ewc_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=EWC, classes=100),
-    "cifar100_sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=EWC,
-                                   classes=100),
-    "cifar100_oracle_10k": _row("relu", 10_000, pretrain="relu_10k", optimizer=("sgd", 0.03), classes=100,
-                                oracle=True),
-    # Not in a paper table: SDMLP vs ReLU, 1K neurons, no pretraining, on pixels (the offline JPEG
-    # stand-in measurement) and on embeddings.
-    "nopretrain_pixels_sdmlp": _row("sdmlp", 1_000, input=_P),
-    "nopretrain_pixels_relu": _row("relu", 1_000, input=_P),
-    "nopretrain_sdmlp": _row("sdmlp", 1_000),
-    "nopretrain_relu": _row("relu", 1_000),
+  # Table 1: Split CIFAR-10 on ImageNet32-pretrained embeddings, 10K neurons.
+  "sdmlp_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k"),
+  "flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.01),
+  "mas_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=MAS),
+  "si_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=SI),
+  "relu_10k": _row("relu", 10_000, pretrain="relu_10k"),
+  "ewc_10k": _row("relu", 10_000, pretrain="relu_sgdm_10k", regularizer=EWC),
+  "sdmlp_mas_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=MAS),
+  "sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=EWC),
+  "oracle_10k": _row("relu", 10_000, pretrain="relu_10k", optimizer=("sgd", 0.03), oracle=True),
+  # Table 5: the same, 1K neurons.
+  "sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="sdmlp_k1"),
+  "sdmlp": _row("sdmlp", 1_000, pretrain="sdmlp"),
+  "topk": _row("topk", 1_000, pretrain="topk"),
+  # Table 5 lists 64 inputs per cell; the authors' CSV with the same 0.70 used 32
+  # (docs/reference_code.md#flymodel).
+  "flymodel": _row("flymodel", 1_000, k=64, fly_lr=0.005),
+  "mas": _row("relu", 1_000, pretrain="relu", regularizer=MAS),
+  "ewc": _row("relu", 1_000, pretrain="relu", regularizer=EWC),
+  "si": _row("relu", 1_000, pretrain="relu", regularizer=SI),
+  "l2": _row("relu", 1_000, pretrain="relu", regularizer=L2),
+  "dropout": _row("relu", 1_000, pretrain="relu", dropout=0.03),
+  "sdmlp_mas": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=MAS),
+  "sdmlp_ewc": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=EWC),
+  "oracle": _row("relu", 1_000, pretrain="relu", optimizer=("sgd", 0.03), oracle=True),
+  # Table 3: pixels, from the ImageNet32-pixel pretrains; SGD 0.05 for every row.
+  "pixels_sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="pixels_sdmlp_k1", input=_P),
+  "pixels_sdmlp_10k": _row("sdmlp", 10_000, pretrain="pixels_sdmlp_10k", input=_P),
+  "pixels_ewc": _row("relu", 1_000, pretrain="pixels_relu", regularizer=EWC, input=_P),
+  "pixels_sdmlp_ewc": _row("sdmlp", 1_000, pretrain="pixels_sdmlp", regularizer=EWC, input=_P),
+  "pixels_sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="pixels_sdmlp_10k", regularizer=EWC, input=_P),
+  "pixels_oracle": _row("relu", 1_000, pretrain="pixels_relu", optimizer=("sgd", 0.03), input=_P, oracle=True),
+  "pixels_oracle_10k": _row("relu", 10_000, pretrain="pixels_relu_10k", optimizer=("sgd", 0.03), input=_P, oracle=True),
+  # Table 4: embeddings, no pretraining (T = 5M), SGD 0.05 for every row.
+  "nopretrain_sdmlp_k1": _row("sdmlp", 1_000, k=1),
+  "nopretrain_sdmlp_10k": _row("sdmlp", 10_000),
+  "nopretrain_flymodel": _row("flymodel", 1_000, k=32, fly_lr=0.005),
+  "nopretrain_flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.01),
+  "nopretrain_ewc": _row("relu", 1_000, regularizer=EWC),
+  "nopretrain_sdmlp_ewc": _row("sdmlp", 1_000, regularizer=EWC),
+  "nopretrain_sdmlp_ewc_10k": _row("sdmlp", 10_000, regularizer=EWC),
+  "nopretrain_oracle": _row("relu", 1_000, optimizer=("sgd", 0.03), oracle=True),
+  "nopretrain_oracle_10k": _row("relu", 10_000, optimizer=("sgd", 0.03), oracle=True),
+  # Table 6: Split CIFAR-100 (50 tasks x 500 epochs) on pretrained embeddings.
+  "cifar100_sdmlp_k1": _row("sdmlp", 1_000, k=1, pretrain="sdmlp_k1", classes=100),
+  "cifar100_sdmlp": _row("sdmlp", 1_000, pretrain="sdmlp", classes=100),
+  "cifar100_topk": _row("topk", 1_000, pretrain="topk", classes=100),
+  "cifar100_flymodel": _row("flymodel", 1_000, k=32, fly_lr=0.01, classes=100),
+  "cifar100_mas": _row("relu", 1_000, pretrain="relu", regularizer=MAS, classes=100),
+  "cifar100_ewc": _row("relu", 1_000, pretrain="relu", regularizer=EWC, classes=100),
+  "cifar100_sdmlp_ewc": _row("sdmlp", 1_000, pretrain="sdmlp", optimizer=_SGDM, regularizer=EWC, classes=100),
+  "cifar100_sdmlp_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", classes=100),
+  "cifar100_flymodel_10k": _row("flymodel", 10_000, k=32, fly_lr=0.2, classes=100),
+  "cifar100_mas_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=MAS, classes=100),
+  "cifar100_ewc_10k": _row("relu", 10_000, pretrain="relu_10k", regularizer=EWC, classes=100),
+  "cifar100_sdmlp_ewc_10k": _row("sdmlp", 10_000, pretrain="sdmlp_10k", optimizer=_SGDM, regularizer=EWC, classes=100),
+  "cifar100_oracle_10k": _row("relu", 10_000, pretrain="relu_10k", optimizer=("sgd", 0.03), classes=100, oracle=True),
+  # Not in a paper table: SDMLP vs ReLU, 1K neurons, no pretraining, on pixels (the offline JPEG
+  # stand-in measurement) and on embeddings.
+  "nopretrain_pixels_sdmlp": _row("sdmlp", 1_000, input=_P),
+  "nopretrain_pixels_relu": _row("relu", 1_000, input=_P),
+  "nopretrain_sdmlp": _row("sdmlp", 1_000),
+  "nopretrain_relu": _row("relu", 1_000),
 }
 VARIANTS = tuple(ROWS)
 PAPER_FINAL_ACCURACY = {
-    # Table 1 (10K) and Table 5 (1K): average of 5 class orders.
-    "sdmlp_10k": 0.71, "flymodel_10k": 0.82, "mas_10k": 0.67, "si_10k": 0.44, "relu_10k": 0.21, "ewc_10k": 0.65,
-    "sdmlp_mas_10k": 0.84, "sdmlp_ewc_10k": 0.86, "oracle_10k": 0.93,
-    "sdmlp_k1": 0.70, "sdmlp": 0.63, "topk": 0.29, "flymodel": 0.70, "mas": 0.69, "ewc": 0.67, "si": 0.34,
-    "l2": 0.23, "dropout": 0.21, "sdmlp_mas": 0.83, "sdmlp_ewc": 0.83, "oracle": 0.93,
-    # Table 3 (pixels); SDMLP+EWC 10K did not finish in the paper.
-    "pixels_sdmlp_k1": 0.33, "pixels_sdmlp_10k": 0.42, "pixels_ewc": 0.19, "pixels_sdmlp_ewc": 0.28,
-    "pixels_sdmlp_ewc_10k": 0.32, "pixels_oracle": 0.53, "pixels_oracle_10k": 0.53,
-    # Table 4 (no pretraining).
-    "nopretrain_sdmlp_k1": 0.56, "nopretrain_sdmlp_10k": 0.77, "nopretrain_flymodel": 0.69,
-    "nopretrain_flymodel_10k": 0.82, "nopretrain_ewc": 0.52, "nopretrain_sdmlp_ewc": 0.54,
-    "nopretrain_sdmlp_ewc_10k": 0.84, "nopretrain_oracle": 0.93, "nopretrain_oracle_10k": 0.93,
-    # Table 6 (CIFAR-100, 3 class orders).
-    "cifar100_sdmlp_k1": 0.32, "cifar100_sdmlp": 0.39, "cifar100_topk": 0.11, "cifar100_flymodel": 0.36,
-    "cifar100_mas": 0.24, "cifar100_ewc": 0.12, "cifar100_sdmlp_ewc": 0.42, "cifar100_sdmlp_10k": 0.43,
-    "cifar100_flymodel_10k": 0.58, "cifar100_mas_10k": 0.40, "cifar100_ewc_10k": 0.16,
-    "cifar100_sdmlp_ewc_10k": 0.51, "cifar100_oracle_10k": 0.72,
+  # Table 1 (10K) and Table 5 (1K): average of 5 class orders.
+  "sdmlp_10k": 0.71,
+  "flymodel_10k": 0.82,
+  "mas_10k": 0.67,
+  "si_10k": 0.44,
+  "relu_10k": 0.21,
+  "ewc_10k": 0.65,
+  "sdmlp_mas_10k": 0.84,
+  "sdmlp_ewc_10k": 0.86,
+  "oracle_10k": 0.93,
+  "sdmlp_k1": 0.70,
+  "sdmlp": 0.63,
+  "topk": 0.29,
+  "flymodel": 0.70,
+  "mas": 0.69,
+  "ewc": 0.67,
+  "si": 0.34,
+  "l2": 0.23,
+  "dropout": 0.21,
+  "sdmlp_mas": 0.83,
+  "sdmlp_ewc": 0.83,
+  "oracle": 0.93,
+  # Table 3 (pixels); SDMLP+EWC 10K did not finish in the paper.
+  "pixels_sdmlp_k1": 0.33,
+  "pixels_sdmlp_10k": 0.42,
+  "pixels_ewc": 0.19,
+  "pixels_sdmlp_ewc": 0.28,
+  "pixels_sdmlp_ewc_10k": 0.32,
+  "pixels_oracle": 0.53,
+  "pixels_oracle_10k": 0.53,
+  # Table 4 (no pretraining).
+  "nopretrain_sdmlp_k1": 0.56,
+  "nopretrain_sdmlp_10k": 0.77,
+  "nopretrain_flymodel": 0.69,
+  "nopretrain_flymodel_10k": 0.82,
+  "nopretrain_ewc": 0.52,
+  "nopretrain_sdmlp_ewc": 0.54,
+  "nopretrain_sdmlp_ewc_10k": 0.84,
+  "nopretrain_oracle": 0.93,
+  "nopretrain_oracle_10k": 0.93,
+  # Table 6 (CIFAR-100, 3 class orders).
+  "cifar100_sdmlp_k1": 0.32,
+  "cifar100_sdmlp": 0.39,
+  "cifar100_topk": 0.11,
+  "cifar100_flymodel": 0.36,
+  "cifar100_mas": 0.24,
+  "cifar100_ewc": 0.12,
+  "cifar100_sdmlp_ewc": 0.42,
+  "cifar100_sdmlp_10k": 0.43,
+  "cifar100_flymodel_10k": 0.58,
+  "cifar100_mas_10k": 0.40,
+  "cifar100_ewc_10k": 0.16,
+  "cifar100_sdmlp_ewc_10k": 0.51,
+  "cifar100_oracle_10k": 0.72,
 }
 TABLE_ROWS = {
-    "split_cifar10": ("sdmlp_10k", "flymodel_10k", "mas_10k", "si_10k", "relu_10k", "ewc_10k", "sdmlp_mas_10k",
-                      "sdmlp_ewc_10k", "oracle_10k", "sdmlp_k1", "sdmlp", "topk", "flymodel", "mas", "ewc", "si",
-                      "l2", "dropout", "sdmlp_mas", "sdmlp_ewc", "oracle"),
-    "split_cifar10_pixels": tuple(r for r in ROWS if r.startswith("pixels_")),
-    "split_cifar10_no_pretrain": ("nopretrain_sdmlp_k1", "nopretrain_sdmlp_10k", "nopretrain_flymodel",
-                                  "nopretrain_flymodel_10k", "nopretrain_ewc", "nopretrain_sdmlp_ewc",
-                                  "nopretrain_sdmlp_ewc_10k", "nopretrain_oracle", "nopretrain_oracle_10k"),
-    "split_cifar100": tuple(r for r in ROWS if r.startswith("cifar100_")),
+  "split_cifar10": (
+    "sdmlp_10k",
+    "flymodel_10k",
+    "mas_10k",
+    "si_10k",
+    "relu_10k",
+    "ewc_10k",
+    "sdmlp_mas_10k",
+    "sdmlp_ewc_10k",
+    "oracle_10k",
+    "sdmlp_k1",
+    "sdmlp",
+    "topk",
+    "flymodel",
+    "mas",
+    "ewc",
+    "si",
+    "l2",
+    "dropout",
+    "sdmlp_mas",
+    "sdmlp_ewc",
+    "oracle",
+  ),
+  "split_cifar10_pixels": tuple(r for r in ROWS if r.startswith("pixels_")),
+  "split_cifar10_no_pretrain": (
+    "nopretrain_sdmlp_k1",
+    "nopretrain_sdmlp_10k",
+    "nopretrain_flymodel",
+    "nopretrain_flymodel_10k",
+    "nopretrain_ewc",
+    "nopretrain_sdmlp_ewc",
+    "nopretrain_sdmlp_ewc_10k",
+    "nopretrain_oracle",
+    "nopretrain_oracle_10k",
+  ),
+  "split_cifar100": tuple(r for r in ROWS if r.startswith("cifar100_")),
 }
-TABLE_TITLES = {"split_cifar10": "Tables 1 and 5 (Split CIFAR-10, pretrained embeddings)",
-                "split_cifar10_pixels": "Table 3 (Split CIFAR-10 pixels, pretrained on ImageNet32 pixels)",
-                "split_cifar10_no_pretrain": "Table 4 (Split CIFAR-10 embeddings, no pretraining)",
-                "split_cifar100": "Table 6 (Split CIFAR-100, pretrained embeddings)"}
+TABLE_TITLES = {
+  "split_cifar10": "Tables 1 and 5 (Split CIFAR-10, pretrained embeddings)",
+  "split_cifar10_pixels": "Table 3 (Split CIFAR-10 pixels, pretrained on ImageNet32 pixels)",
+  "split_cifar10_no_pretrain": "Table 4 (Split CIFAR-10 embeddings, no pretraining)",
+  "split_cifar100": "Table 6 (Split CIFAR-100, pretrained embeddings)",
+}
 EPOCHS_PER_TASK = {10: 2000, 100: 500}  # reference: CIFAR-10 5 x 2,000; CIFAR-100 50 x 500
 ORACLE_EPOCHS = 300
 NO_PRETRAIN_GABA_T = 5_000_000  # at 2,000 epochs per task (reference, no-pretrain runs)
@@ -203,7 +290,8 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
   variant, size = split_mnist.parse_variant(arg, ROWS, SIZES)
   row = ROWS[variant]
   config = split_mnist.get_config(
-      {"sdmlp": "sdmlp", "relu": "relu", "topk": "topk", "flymodel": "flymodel"}[row["kind"]])
+    {"sdmlp": "sdmlp", "relu": "relu", "topk": "topk", "flymodel": "flymodel"}[row["kind"]]
+  )
   classes = row["classes"]
   config.dataset = "embeddings" if row["input"] == _E else "cifar10"
   config.data_dir = ""  # embeddings: the CIFAR embedding file (experiments.embed); pixels: a TFDS folder
@@ -232,8 +320,11 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
   config.optimizer.name, config.optimizer.learning_rate = row["optimizer"]
   if m.kind == "flymodel":
     config.optimizer.name, config.optimizer.learning_rate = "sgd", row["fly_lr"]  # the readout's learning rate
-  config.regularizer.method, config.regularizer.strength, config.regularizer.beta = (
-      row["regularizer"] or ("none", 0.0, 1.0))
+  config.regularizer.method, config.regularizer.strength, config.regularizer.beta = row["regularizer"] or (
+    "none",
+    0.0,
+    1.0,
+  )
   config.paper_final_accuracy = PAPER_FINAL_ACCURACY.get(variant, -1.0)
 
   reference_epochs = ORACLE_EPOCHS if row["oracle"] else EPOCHS_PER_TASK[classes]

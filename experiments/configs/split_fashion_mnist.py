@@ -36,9 +36,21 @@ from experiments.configs import split_mnist
 
 ROWS = tuple(name for name in split_mnist.ROWS if name not in ("si", "l2"))  # Table 8 has no SI or L2 row
 PAPER_FINAL_ACCURACY = {
-    "sdmlp_k1": 0.73, "sdmlp": 0.53, "sdmlp_10k": 0.52, "flymodel": 0.67, "flymodel_10k": 0.76,
-    "ewc": 0.68, "ewc_10k": 0.72, "mas": 0.33, "mas_10k": 0.34, "topk": 0.23, "relu": 0.21,
-    "sdmlp_ewc": 0.74, "sdmlp_ewc_10k": 0.72, "oracle": 0.90, "oracle_10k": 0.90,
+  "sdmlp_k1": 0.73,
+  "sdmlp": 0.53,
+  "sdmlp_10k": 0.52,
+  "flymodel": 0.67,
+  "flymodel_10k": 0.76,
+  "ewc": 0.68,
+  "ewc_10k": 0.72,
+  "mas": 0.33,
+  "mas_10k": 0.34,
+  "topk": 0.23,
+  "relu": 0.21,
+  "sdmlp_ewc": 0.74,
+  "sdmlp_ewc_10k": 0.72,
+  "oracle": 0.90,
+  "oracle_10k": 0.90,
 }
 VARIANTS = split_mnist.VARIANTS
 SIZES = split_mnist.SIZES

@@ -16,21 +16,35 @@ Sweeps:
 import ml_collections
 
 SWEEPS = {
-    "methods": dict(
-        axes=(("variant", ("sdmlp,quick", "relu,quick", "topk,quick", "ewc,quick")),
-              ("model.neurons", (1_000, 10_000)),
-              ("class_order", ("ordinal", "by_seed"))),
-        overrides=(("seeds", (0, 1, 2)),)),
-    "smoke": dict(
-        axes=(("variant", ("sdmlp,tiny", "relu,tiny")),
-              ("model.neurons", (16, 32, 48, 64))),
-        overrides=(("seeds", (0, 1)), ("epochs_per_task", 1), ("eval_every", 1),
-                   ("model.gaba_switch_activations", 20_000.0))),
-    # One tiny run, checkpointed at every task end, to check device layouts (tests/mesh_test.py).
-    "devices": dict(
-        axes=(("variant", ("sdmlp,tiny",)),),
-        overrides=(("seeds", (0, 1, 2)), ("epochs_per_task", 1), ("eval_every", 1), ("model.neurons", 32),
-                   ("model.gaba_switch_activations", 20_000.0), ("keep_checkpoints", 5))),
+  "methods": dict(
+    axes=(
+      ("variant", ("sdmlp,quick", "relu,quick", "topk,quick", "ewc,quick")),
+      ("model.neurons", (1_000, 10_000)),
+      ("class_order", ("ordinal", "by_seed")),
+    ),
+    overrides=(("seeds", (0, 1, 2)),),
+  ),
+  "smoke": dict(
+    axes=(("variant", ("sdmlp,tiny", "relu,tiny")), ("model.neurons", (16, 32, 48, 64))),
+    overrides=(
+      ("seeds", (0, 1)),
+      ("epochs_per_task", 1),
+      ("eval_every", 1),
+      ("model.gaba_switch_activations", 20_000.0),
+    ),
+  ),
+  # One tiny run, checkpointed at every task end, to check device layouts (tests/mesh_test.py).
+  "devices": dict(
+    axes=(("variant", ("sdmlp,tiny",)),),
+    overrides=(
+      ("seeds", (0, 1, 2)),
+      ("epochs_per_task", 1),
+      ("eval_every", 1),
+      ("model.neurons", 32),
+      ("model.gaba_switch_activations", 20_000.0),
+      ("keep_checkpoints", 5),
+    ),
+  ),
 }
 
 

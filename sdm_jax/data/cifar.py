@@ -52,8 +52,7 @@ from sdm_jax.data import idx
 
 PathLike = idx.PathLike
 
-CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog',
-                   'frog', 'horse', 'ship', 'truck')
+CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 """CIFAR-10 class names in class-id order (batches.meta.txt, TFDS)."""
 
 JPEG_TAR = 'CIFAR-10-images-jpeg.tar.gz'
@@ -79,6 +78,7 @@ class TfdsDataset:
     num_classes: label count.
     label_offset: subtracted from TFDS labels (0: TFDS is 0-indexed).
   """
+
   tfds_name: str
   test_split: str
   num_classes: int
@@ -86,40 +86,40 @@ class TfdsDataset:
 
 
 TFDS_DATASETS = {
-    'cifar10': TfdsDataset('cifar10', 'test', 10),
-    'cifar100': TfdsDataset('cifar100', 'test', 100),
-    # ImageNet32 has no public test labels; the reference evaluates on val.
-    'imagenet32': TfdsDataset('imagenet_resized/32x32', 'validation', 1000),
+  'cifar10': TfdsDataset('cifar10', 'test', 10),
+  'cifar100': TfdsDataset('cifar100', 'test', 100),
+  # ImageNet32 has no public test labels; the reference evaluates on val.
+  'imagenet32': TfdsDataset('imagenet_resized/32x32', 'validation', 1000),
 }
 
 MANUAL_FILES = {
-    'cifar10': ('cifar-10-binary.tar.gz',),
-    'cifar100': ('cifar-100-binary.tar.gz',),
-    'imagenet32': ('Imagenet32_train_npz.zip', 'Imagenet32_val_npz.zip'),
+  'cifar10': ('cifar-10-binary.tar.gz',),
+  'cifar100': ('cifar-100-binary.tar.gz',),
+  'imagenet32': ('Imagenet32_train_npz.zip', 'Imagenet32_val_npz.zip'),
 }
 """The archives TFDS expects in `manual_dir` (the basenames of its URLs)."""
 
 _TFDS_HOW_TO_GET = {
-    'cifar10': 'https://www.cs.toronto.edu/~kriz/',
-    'cifar100': 'https://www.cs.toronto.edu/~kriz/',
-    'imagenet32': ('https://image-net.org/download-images (downsampled '
-                   'ImageNet, needs an account)'),
+  'cifar10': 'https://www.cs.toronto.edu/~kriz/',
+  'cifar100': 'https://www.cs.toronto.edu/~kriz/',
+  'imagenet32': ('https://image-net.org/download-images (downsampled ImageNet, needs an account)'),
 }
 
 
 def _tfds_hint(name: str) -> str:
   spec = TFDS_DATASETS[name]
-  return (f'To get {name!r}: point data_dir at a TFDS data folder (local or '
-          f'gs://) that holds {spec.tfds_name!r} prepared as array_record, or '
-          f'put {" and ".join(MANUAL_FILES[name])} from '
-          f'{_TFDS_HOW_TO_GET[name]} in a folder and pass it as manual_dir '
-          f'(TFDS then prepares it into data_dir; its archive extractor needs '
-          f'`pip install tensorflow-cpu`), or pass download=True online. '
-          f'Offline, cifar10_jpeg is a lossy CIFAR-10 stand-in.')
+  return (
+    f'To get {name!r}: point data_dir at a TFDS data folder (local or '
+    f'gs://) that holds {spec.tfds_name!r} prepared as array_record, or '
+    f'put {" and ".join(MANUAL_FILES[name])} from '
+    f'{_TFDS_HOW_TO_GET[name]} in a folder and pass it as manual_dir '
+    f'(TFDS then prepares it into data_dir; its archive extractor needs '
+    f'`pip install tensorflow-cpu`), or pass download=True online. '
+    f'Offline, cifar10_jpeg is a lossy CIFAR-10 stand-in.'
+  )
 
 
-def prepare_tfds(name: str, data_dir: Optional[PathLike],
-                 manual_dir: PathLike) -> None:
+def prepare_tfds(name: str, data_dir: Optional[PathLike], manual_dir: PathLike) -> None:
   """Prepares a TFDS dataset from archives on disk, as array_record.
 
   Uses `tfds.download.DownloadConfig(manual_dir=...)`: TFDS takes the
@@ -147,21 +147,19 @@ def prepare_tfds(name: str, data_dir: Optional[PathLike],
   missing = [f for f in MANUAL_FILES[name] if not (manual_dir / f).is_file()]
   if missing:
     raise idx.DataError(
-        f'Cannot prepare dataset {name!r} (TFDS {spec.tfds_name!r}) from '
-        f'manual_dir={manual_dir}: missing {", ".join(missing)}.\n'
-        + _tfds_hint(name))
+      f'Cannot prepare dataset {name!r} (TFDS {spec.tfds_name!r}) from '
+      f'manual_dir={manual_dir}: missing {", ".join(missing)}.\n' + _tfds_hint(name)
+    )
   try:
     builder = tfds.builder(
-        spec.tfds_name,
-        data_dir=None if data_dir is None else os.fspath(data_dir),
-        file_format='array_record')  # data_source needs random access.
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=os.fspath(manual_dir)))
+      spec.tfds_name, data_dir=None if data_dir is None else os.fspath(data_dir), file_format='array_record'
+    )  # data_source needs random access.
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=os.fspath(manual_dir)))
   except Exception as e:  # TFDS raises many kinds; report them as one.
     raise idx.DataError(
-        f'Cannot prepare dataset {name!r} (TFDS {spec.tfds_name!r}) from '
-        f'manual_dir={manual_dir}: {type(e).__name__}: {e}\n'
-        + _tfds_hint(name)) from e
+      f'Cannot prepare dataset {name!r} (TFDS {spec.tfds_name!r}) from '
+      f'manual_dir={manual_dir}: {type(e).__name__}: {e}\n' + _tfds_hint(name)
+    ) from e
 
 
 def _import_tfds(name: str):
@@ -169,14 +167,15 @@ def _import_tfds(name: str):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise idx.DataError(
-        f'Cannot load dataset {name!r}: tensorflow_datasets is not installed '
-        f'({e}). Install it with `pip install -e .[tfds]`.') from e
+      f'Cannot load dataset {name!r}: tensorflow_datasets is not installed '
+      f'({e}). Install it with `pip install -e .[tfds]`.'
+    ) from e
   return tfds
 
 
-def load_tfds(name: str, data_dir: Optional[PathLike] = None, *,
-              manual_dir: Optional[PathLike] = None,
-              download: bool = False) -> dict[str, Any]:
+def load_tfds(
+  name: str, data_dir: Optional[PathLike] = None, *, manual_dir: Optional[PathLike] = None, download: bool = False
+) -> dict[str, Any]:
   """Loads 'cifar10', 'cifar100' or 'imagenet32' through TFDS.
 
   Args:
@@ -198,17 +197,15 @@ def load_tfds(name: str, data_dir: Optional[PathLike] = None, *,
   if manual_dir is not None:
     prepare_tfds(name, data_dir, manual_dir)
   try:
-    out = idx.load_tfds_dataset(spec.tfds_name, data_dir,
-                                splits=('train', spec.test_split),
-                                download=download)
+    out = idx.load_tfds_dataset(spec.tfds_name, data_dir, splits=('train', spec.test_split), download=download)
   except idx.DataError as e:
     raise idx.DataError(f'{e}\n{_tfds_hint(name)}') from e
   for split in ('train', 'test'):
     labels = out[f'{split}_labels'].astype(np.int32) - spec.label_offset
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
       raise idx.DataError(
-          f'TFDS {spec.tfds_name!r} {split} labels span [{labels.min()}, '
-          f'{labels.max()}], outside [0, {spec.num_classes})')
+        f'TFDS {spec.tfds_name!r} {split} labels span [{labels.min()}, {labels.max()}], outside [0, {spec.num_classes})'
+      )
     out[f'{split}_labels'] = idx._as_labels(labels)  # pylint: disable=protected-access
   out['lossy'] = False
   out['num_classes'] = spec.num_classes
@@ -228,6 +225,7 @@ def resolve_jpeg_tar(data_dir: Optional[PathLike] = None) -> pathlib.Path:
   Raises:
     DataError: not found; the message lists the places looked at.
   """
+
   def candidates(base: pathlib.Path, origin: str):
     base = base.expanduser()
     if base.suffix == '.gz':
@@ -245,9 +243,10 @@ def resolve_jpeg_tar(data_dir: Optional[PathLike] = None) -> pathlib.Path:
       return path
   looked = '\n'.join(f'  {p} ({o}): not found' for p, o in places) or f'  nothing: no data_dir, ${idx.ENV_VAR} unset'
   raise idx.DataError(
-      f"Cannot find {JPEG_TAR} of dataset 'cifar10_jpeg'. Looked at:\n{looked}\n"
-      f'To get it: pass --config.data_dir=DIR (in Python: data_dir=DIR; or set '
-      f'{idx.ENV_VAR}) to the folder holding {JPEG_TAR} (sha256 {JPEG_SHA256}).')
+    f"Cannot find {JPEG_TAR} of dataset 'cifar10_jpeg'. Looked at:\n{looked}\n"
+    f'To get it: pass --config.data_dir=DIR (in Python: data_dir=DIR; or set '
+    f'{idx.ENV_VAR}) to the folder holding {JPEG_TAR} (sha256 {JPEG_SHA256}).'
+  )
 
 
 def file_sha256(path: PathLike) -> str:
@@ -262,8 +261,7 @@ def file_sha256(path: PathLike) -> str:
 _MEMBER = re.compile(r'(?:^|/)(train|test)/([a-z]+)/(\d+)\.jpe?g$')
 
 
-def decode_jpeg_tar(path: PathLike, max_per_class: Optional[int] = None
-                    ) -> dict[str, np.ndarray]:
+def decode_jpeg_tar(path: PathLike, max_per_class: Optional[int] = None) -> dict[str, np.ndarray]:
   """Decodes the JPEG stand-in into uint8 arrays, in a fixed order.
 
   Images are sorted by (class id, file number) within each split, so the
@@ -278,6 +276,7 @@ def decode_jpeg_tar(path: PathLike, max_per_class: Optional[int] = None
     same for 'test'.
   """
   from PIL import Image  # pylint: disable=g-import-not-at-top  (optional dep)
+
   class_id = {c: i for i, c in enumerate(CIFAR10_CLASSES)}
   found: dict[str, list[tuple[int, int, np.ndarray]]] = {'train': [], 'test': []}
   path = pathlib.Path(path)
@@ -328,10 +327,13 @@ def save_npz_atomic(path: pathlib.Path, **arrays) -> None:
   os.replace(tmp, path)
 
 
-def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
-                      verify: bool = True,
-                      cache: Optional[PathLike] = None,
-                      max_per_class: Optional[int] = None) -> dict[str, Any]:
+def load_cifar10_jpeg(
+  data_dir: Optional[PathLike] = None,
+  *,
+  verify: bool = True,
+  cache: Optional[PathLike] = None,
+  max_per_class: Optional[int] = None,
+) -> dict[str, Any]:
   """Loads the LOSSY JPEG CIFAR-10 stand-in, decoding it once.
 
   The decoded arrays are cached in `cache_dir(cache)` as
@@ -356,10 +358,12 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
   sha = file_sha256(tar)
   if verify and sha != JPEG_SHA256:
     raise idx.DataError(
-        f"checksum mismatch in {tar} (dataset 'cifar10_jpeg'): expected "
-        f'sha256 {JPEG_SHA256}, got {sha}. Restore the original file, or '
-        'pass verify=False for another copy.')
+      f"checksum mismatch in {tar} (dataset 'cifar10_jpeg'): expected "
+      f'sha256 {JPEG_SHA256}, got {sha}. Restore the original file, or '
+      'pass verify=False for another copy.'
+    )
   import PIL  # pylint: disable=g-import-not-at-top  (optional dep; the decoder's version keys the cache)
+
   suffix = '' if max_per_class is None else f'-{max_per_class}'
   cached = cache_dir(cache) / f'cifar10_jpeg-{sha[:16]}-pil{PIL.__version__}{suffix}.npz'
   arrays = None
@@ -376,10 +380,12 @@ def load_cifar10_jpeg(data_dir: Optional[PathLike] = None, *,
     for split, per_class in JPEG_COUNTS.items():
       counts = np.bincount(arrays[f'{split}_labels'], minlength=10).tolist()
       if counts != [per_class] * 10:
-        raise idx.DataError(
-            f'{tar}: {split} split has class counts {counts}, expected '
-            f'{per_class} each')
-  return dict(arrays, lossy=True, num_classes=10, sha256=sha,
-              source=f'{LOSSY_SOURCE}: {tar} (sha256 {sha[:16]})',
-              cache_file=str(cached))
-
+        raise idx.DataError(f'{tar}: {split} split has class counts {counts}, expected {per_class} each')
+  return dict(
+    arrays,
+    lossy=True,
+    num_classes=10,
+    sha256=sha,
+    source=f'{LOSSY_SOURCE}: {tar} (sha256 {sha[:16]})',
+    cache_file=str(cached),
+  )

@@ -51,9 +51,15 @@ IDENTITY_META_KEYS = ('embedder_key', 'dataset', 'dataset_source')
 """Metadata that tells two embedding files apart when the file has an embedder key."""
 
 
-def save_embeddings(path: idx.PathLike, *, train_embeddings: np.ndarray,
-                    train_labels: np.ndarray, test_embeddings: np.ndarray,
-                    test_labels: np.ndarray, meta: Mapping[str, Any]) -> pathlib.Path:
+def save_embeddings(
+  path: idx.PathLike,
+  *,
+  train_embeddings: np.ndarray,
+  train_labels: np.ndarray,
+  test_embeddings: np.ndarray,
+  test_labels: np.ndarray,
+  meta: Mapping[str, Any],
+) -> pathlib.Path:
   """Writes an embedding file (atomically).
 
   Args:
@@ -70,12 +76,13 @@ def save_embeddings(path: idx.PathLike, *, train_embeddings: np.ndarray,
     raise ValueError(f'meta is missing {missing} (needs {list(META_KEYS)})')
   path = pathlib.Path(path)
   cifar.save_npz_atomic(
-      path,
-      train_images=np.asarray(train_embeddings, np.float32),
-      train_labels=np.asarray(train_labels),
-      test_images=np.asarray(test_embeddings, np.float32),
-      test_labels=np.asarray(test_labels),
-      meta=np.asarray(json.dumps(dict(meta), sort_keys=True)))
+    path,
+    train_images=np.asarray(train_embeddings, np.float32),
+    train_labels=np.asarray(train_labels),
+    test_images=np.asarray(test_embeddings, np.float32),
+    test_labels=np.asarray(test_labels),
+    meta=np.asarray(json.dumps(dict(meta), sort_keys=True)),
+  )
   return path
 
 
@@ -116,28 +123,31 @@ def load_embeddings(path: Optional[idx.PathLike]) -> dict[str, Any]:
     DataError: no path, or the file is missing or not an embedding file;
       the message says how to make one.
   """
-  how = ('Make one with `python -m experiments.embed --embedder=DIR '
-         '--dataset=NAME --out=FILE` and pass data_dir=FILE.')
+  how = 'Make one with `python -m experiments.embed --embedder=DIR --dataset=NAME --out=FILE` and pass data_dir=FILE.'
   if path is None:
     raise idx.DataError(f"Dataset 'embeddings' needs data_dir=FILE.npz. {how}")
   path = pathlib.Path(path).expanduser()
   try:
     with np.load(path) as z:
-      out = {k: z[k] for k in ('train_images', 'train_labels',
-                               'test_images', 'test_labels')}
+      out = {k: z[k] for k in ('train_images', 'train_labels', 'test_images', 'test_labels')}
       meta = json.loads(str(z['meta']))
   except (OSError, ValueError, KeyError, EOFError) as e:
-    raise idx.DataError(
-        f'Cannot load embedding file {path}: {type(e).__name__}: {e}. {how}') from e
+    raise idx.DataError(f'Cannot load embedding file {path}: {type(e).__name__}: {e}. {how}') from e
   for split in ('train', 'test'):
     x = out[f'{split}_images']
     if x.ndim != 2 or x.dtype != np.float32 or len(x) != len(out[f'{split}_labels']):
       raise idx.DataError(
-          f'{path}: {split} embeddings are {x.dtype} {x.shape} with '
-          f'{len(out[f"{split}_labels"])} labels, expected float32 [N, D]. {how}')
+        f'{path}: {split} embeddings are {x.dtype} {x.shape} with '
+        f'{len(out[f"{split}_labels"])} labels, expected float32 [N, D]. {how}'
+      )
   out.update(
-      lossy=bool(meta['lossy']), embedding=True, meta=meta,
-      num_classes=int(meta.get('num_classes', int(out['train_labels'].max()) + 1)),
-      source=(f"{meta['dataset_source']} -> embeddings {path} "
-              f"(embedder {meta.get('embedder', '?')}, key {meta.get('embedder_key', 'none')})"))
+    lossy=bool(meta['lossy']),
+    embedding=True,
+    meta=meta,
+    num_classes=int(meta.get('num_classes', int(out['train_labels'].max()) + 1)),
+    source=(
+      f"{meta['dataset_source']} -> embeddings {path} "
+      f"(embedder {meta.get('embedder', '?')}, key {meta.get('embedder_key', 'none')})"
+    ),
+  )
   return out

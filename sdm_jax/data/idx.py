@@ -37,66 +37,50 @@ ENV_VAR = 'SDM_JAX_DATA_DIR'
 """Environment variable naming a folder that holds the IDX files."""
 
 FILES = {
-    'train_images': 'train-images-idx3-ubyte.gz',
-    'train_labels': 'train-labels-idx1-ubyte.gz',
-    'test_images': 't10k-images-idx3-ubyte.gz',
-    'test_labels': 't10k-labels-idx1-ubyte.gz',
+  'train_images': 'train-images-idx3-ubyte.gz',
+  'train_labels': 'train-labels-idx1-ubyte.gz',
+  'test_images': 't10k-images-idx3-ubyte.gz',
+  'test_labels': 't10k-labels-idx1-ubyte.gz',
 }
 """Maps the keys of the dict `load_idx_dataset` returns to IDX file names."""
 
 EXPECTED_SHAPES = {
-    'train_images': (60000, 28, 28),
-    'train_labels': (60000,),
-    'test_images': (10000, 28, 28),
-    'test_labels': (10000,),
+  'train_images': (60000, 28, 28),
+  'train_labels': (60000,),
+  'test_images': (10000, 28, 28),
+  'test_labels': (10000,),
 }
 """Shape of each array for MNIST and Fashion-MNIST alike."""
 
 CHECKSUMS: dict[str, dict[str, str]] = {
-    'mnist': {
-        'train-images-idx3-ubyte.gz':
-            '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
-        'train-labels-idx1-ubyte.gz':
-            '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
-        't10k-images-idx3-ubyte.gz':
-            '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
-        't10k-labels-idx1-ubyte.gz':
-            'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
-    },
-    'fashion_mnist': {
-        'train-images-idx3-ubyte.gz':
-            '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
-        'train-labels-idx1-ubyte.gz':
-            'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
-        't10k-images-idx3-ubyte.gz':
-            '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
-        't10k-labels-idx1-ubyte.gz':
-            '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5',
-    },
+  'mnist': {
+    'train-images-idx3-ubyte.gz': '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
+    'train-labels-idx1-ubyte.gz': '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
+    't10k-images-idx3-ubyte.gz': '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
+    't10k-labels-idx1-ubyte.gz': 'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
+  },
+  'fashion_mnist': {
+    'train-images-idx3-ubyte.gz': '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
+    'train-labels-idx1-ubyte.gz': 'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
+    't10k-images-idx3-ubyte.gz': '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
+    't10k-labels-idx1-ubyte.gz': '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5',
+  },
 }
 """sha256 of each upstream `.gz` file (the values tensorflow-datasets lists)."""
 
 UNCOMPRESSED_CHECKSUMS: dict[str, dict[str, str]] = {
-    'mnist': {
-        'train-images-idx3-ubyte.gz':
-            'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db',
-        'train-labels-idx1-ubyte.gz':
-            '65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5',
-        't10k-images-idx3-ubyte.gz':
-            '0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7',
-        't10k-labels-idx1-ubyte.gz':
-            'ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2',
-    },
-    'fashion_mnist': {
-        'train-images-idx3-ubyte.gz':
-            'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
-        'train-labels-idx1-ubyte.gz':
-            'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
-        't10k-images-idx3-ubyte.gz':
-            '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
-        't10k-labels-idx1-ubyte.gz':
-            '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34',
-    },
+  'mnist': {
+    'train-images-idx3-ubyte.gz': 'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db',
+    'train-labels-idx1-ubyte.gz': '65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5',
+    't10k-images-idx3-ubyte.gz': '0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7',
+    't10k-labels-idx1-ubyte.gz': 'ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2',
+  },
+  'fashion_mnist': {
+    'train-images-idx3-ubyte.gz': 'c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888',
+    'train-labels-idx1-ubyte.gz': 'bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9',
+    't10k-images-idx3-ubyte.gz': '5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b',
+    't10k-labels-idx1-ubyte.gz': '0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34',
+  },
 }
 """sha256 of the bytes each `.gz` file decompresses to.
 
@@ -106,29 +90,32 @@ the `.gz` sha256 but leaves these values unchanged.
 """
 
 DEBIAN_DIRS: dict[str, pathlib.Path] = {
-    'fashion_mnist': pathlib.Path('/usr/share/datasets/fashion-mnist'),
+  'fashion_mnist': pathlib.Path('/usr/share/datasets/fashion-mnist'),
 }
 """Where Debian packages install a dataset's IDX files."""
 
 _TFDS_HINT = (
-    'or load it through TensorFlow Datasets, which downloads it into the folder '
-    'you name: --config.data_source=tfds --config.data_dir=DIR (in Python: '
-    "load_dataset(name, DIR, source='tfds'); needs `pip install -e .[tfds]`)")
+  'or load it through TensorFlow Datasets, which downloads it into the folder '
+  'you name: --config.data_source=tfds --config.data_dir=DIR (in Python: '
+  "load_dataset(name, DIR, source='tfds'); needs `pip install -e .[tfds]`)"
+)
 
 _HOW_TO_GET = {
-    'mnist': (
-        'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
-        'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of MNIST '
-        '({files}); the sdm_jax package ships them in sdm_jax/data/mnist, so '
-        'reinstalling it (pip install -e .) restores a missing or damaged '
-        'copy; ' + _TFDS_HINT),
-    'fashion_mnist': (
-        'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
-        'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of '
-        'Fashion-MNIST ({files}); on Debian `apt-get install '
-        'dataset-fashion-mnist` installs them to '
-        '/usr/share/datasets/fashion-mnist; upstream they are at '
-        'https://github.com/zalandoresearch/fashion-mnist; ' + _TFDS_HINT),
+  'mnist': (
+    'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+    'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of MNIST '
+    '({files}); the sdm_jax package ships them in sdm_jax/data/mnist, so '
+    'reinstalling it (pip install -e .) restores a missing or damaged '
+    'copy; ' + _TFDS_HINT
+  ),
+  'fashion_mnist': (
+    'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+    'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files of '
+    'Fashion-MNIST ({files}); on Debian `apt-get install '
+    'dataset-fashion-mnist` installs them to '
+    '/usr/share/datasets/fashion-mnist; upstream they are at '
+    'https://github.com/zalandoresearch/fashion-mnist; ' + _TFDS_HINT
+  ),
 }
 
 _IDX_UBYTE = 0x08
@@ -145,15 +132,16 @@ class DataError(ValueError):
 
 def _how_to_get(name: str) -> str:
   template = _HOW_TO_GET.get(
-      name, 'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
-      'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files ({files})')
+    name,
+    'pass --config.data_dir=DIR (in Python: data_dir=DIR) or set '
+    'SDM_JAX_DATA_DIR to a folder holding the four IDX .gz files ({files})',
+  )
   return 'To get the files: ' + template.format(files=', '.join(FILES.values()))
 
 
 def _check_name(name: str) -> None:
   if name not in CHECKSUMS:
-    raise ValueError(
-        f'name must be one of {sorted(CHECKSUMS)} for IDX files, got {name!r}')
+    raise ValueError(f'name must be one of {sorted(CHECKSUMS)} for IDX files, got {name!r}')
 
 
 def _sha256(data: bytes) -> str:
@@ -163,14 +151,11 @@ def _sha256(data: bytes) -> str:
 def _decompress(gz_bytes: bytes, path: pathlib.Path) -> bytes:
   """Decompresses gzip bytes, turning every failure into a `DataError`."""
   if gz_bytes[:2] != b'\x1f\x8b':
-    raise DataError(
-        f'{path} is not a gzip file (it starts with {gz_bytes[:4]!r}, '
-        'not the gzip magic 1f 8b)')
+    raise DataError(f'{path} is not a gzip file (it starts with {gz_bytes[:4]!r}, not the gzip magic 1f 8b)')
   try:
     return gzip.decompress(gz_bytes)
   except (OSError, EOFError, zlib.error) as e:
-    raise DataError(
-        f'{path} is a damaged gzip file ({type(e).__name__}: {e})') from e
+    raise DataError(f'{path} is a damaged gzip file ({type(e).__name__}: {e})') from e
 
 
 def _parse_idx(raw: bytes, path: pathlib.Path) -> np.ndarray:
@@ -180,24 +165,22 @@ def _parse_idx(raw: bytes, path: pathlib.Path) -> np.ndarray:
   magic = int.from_bytes(raw[:4], 'big')
   if magic not in _IDX_MAGIC_NDIM:
     dtype_byte = raw[2]
-    what = ('' if dtype_byte == _IDX_UBYTE else
-            f' (its type byte is 0x{dtype_byte:02x}, not 0x08 = unsigned byte)')
+    what = '' if dtype_byte == _IDX_UBYTE else f' (its type byte is 0x{dtype_byte:02x}, not 0x08 = unsigned byte)'
     raise DataError(
-        f'{path} has bad IDX magic 0x{magic:08x}{what}; expected 0x00000803 '
-        '(uint8 images [N, rows, cols]) or 0x00000801 (uint8 labels [N])')
+      f'{path} has bad IDX magic 0x{magic:08x}{what}; expected 0x00000803 '
+      '(uint8 images [N, rows, cols]) or 0x00000801 (uint8 labels [N])'
+    )
   ndim = _IDX_MAGIC_NDIM[magic]
   header = 4 + 4 * ndim
   if len(raw) < header:
-    raise DataError(
-        f'{path} holds {len(raw)} bytes, too few for an IDX header of '
-        f'{header} bytes')
-  shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], 'big')
-                for i in range(ndim))
+    raise DataError(f'{path} holds {len(raw)} bytes, too few for an IDX header of {header} bytes')
+  shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], 'big') for i in range(ndim))
   expected = header + int(np.prod(shape, dtype=np.int64))
   if len(raw) != expected:
     raise DataError(
-        f'{path} has the wrong size: its IDX header says shape {shape}, '
-        f'which needs {expected} bytes, but it holds {len(raw)} bytes')
+      f'{path} has the wrong size: its IDX header says shape {shape}, '
+      f'which needs {expected} bytes, but it holds {len(raw)} bytes'
+    )
   return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy()
 
 
@@ -230,9 +213,7 @@ def _embedded_dir(name: str) -> Optional[pathlib.Path]:
   return None
 
 
-def _candidate_dirs(
-    name: str, data_dir: Optional[PathLike]
-) -> tuple[list[tuple[pathlib.Path, str]], list[str]]:
+def _candidate_dirs(name: str, data_dir: Optional[PathLike]) -> tuple[list[tuple[pathlib.Path, str]], list[str]]:
   """Lists (dir, origin) in search order, plus notes on sources not used."""
   candidates: list[tuple[pathlib.Path, str]] = []
   notes: list[str] = []
@@ -289,8 +270,8 @@ def resolve_dataset_dir(name: str, data_dir: Optional[PathLike] = None) -> pathl
     looked.append(f'  {directory} ({origin}): missing {", ".join(missing)}')
   looked += [f'  {note}' for note in notes]
   raise DataError(
-      f'Cannot find the IDX files of dataset {name!r}. Looked at:\n'
-      + '\n'.join(looked) + '\n' + _how_to_get(name))
+    f'Cannot find the IDX files of dataset {name!r}. Looked at:\n' + '\n'.join(looked) + '\n' + _how_to_get(name)
+  )
 
 
 def _load_file(name: str, path: pathlib.Path, verify: bool) -> np.ndarray:
@@ -306,11 +287,12 @@ def _load_file(name: str, path: pathlib.Path, verify: bool) -> np.ndarray:
   gz_ok = gz_sha == expected_gz
 
   def mismatch(raw_sha: Optional[str]) -> str:
-    got = (f'{raw_sha} (uncompressed) and {gz_sha} (.gz)' if raw_sha
-           else f'{gz_sha} (.gz)')
-    return (f'checksum mismatch in {path}: expected sha256 {expected_raw} '
-            f'of the uncompressed bytes (or {expected_gz} of the .gz), '
-            f'got {got}')
+    got = f'{raw_sha} (uncompressed) and {gz_sha} (.gz)' if raw_sha else f'{gz_sha} (.gz)'
+    return (
+      f'checksum mismatch in {path}: expected sha256 {expected_raw} '
+      f'of the uncompressed bytes (or {expected_gz} of the .gz), '
+      f'got {got}'
+    )
 
   try:
     raw = _decompress(gz_bytes, path)
@@ -325,8 +307,7 @@ def _load_file(name: str, path: pathlib.Path, verify: bool) -> np.ndarray:
   return _parse_idx(raw, path)
 
 
-def load_idx_dataset(name: str, data_dir: Optional[PathLike] = None,
-                     verify: bool = True) -> dict[str, Any]:
+def load_idx_dataset(name: str, data_dir: Optional[PathLike] = None, verify: bool = True) -> dict[str, Any]:
   """Loads MNIST or Fashion-MNIST from its four IDX `.gz` files.
 
   A file passes the check when either the sha256 of its uncompressed bytes
@@ -354,12 +335,9 @@ def load_idx_dataset(name: str, data_dir: Optional[PathLike] = None,
     try:
       array = _load_file(name, path, verify)
       if array.shape != EXPECTED_SHAPES[key]:
-        raise DataError(
-            f'{path} has the wrong shape: {array.shape}, expected '
-            f'{EXPECTED_SHAPES[key]}')
+        raise DataError(f'{path} has the wrong shape: {array.shape}, expected {EXPECTED_SHAPES[key]}')
     except DataError as e:
-      raise DataError(
-          f'Cannot load dataset {name!r}: {e}\n{_how_to_get(name)}') from e
+      raise DataError(f'Cannot load dataset {name!r}: {e}\n{_how_to_get(name)}') from e
     out[key] = array
   out['source'] = str(directory)
   return out
@@ -373,8 +351,7 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
   return labels.astype(np.int32)
 
 
-def _stack_examples(source: Any, split: str,
-                    chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+def _stack_examples(source: Any, split: str, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
   """Reads every example of a TFDS random-access data source.
 
   Reads in chunks into preallocated arrays, so ImageNet32's 1.28M examples
@@ -405,9 +382,9 @@ def _stack_examples(source: Any, split: str,
   return images, labels
 
 
-def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None, *,
-                      splits: tuple[str, str] = ('train', 'test'),
-                      download: bool = True) -> dict[str, Any]:
+def load_tfds_dataset(
+  name: str, data_dir: Optional[PathLike] = None, *, splits: tuple[str, str] = ('train', 'test'), download: bool = True
+) -> dict[str, Any]:
   """Loads a dataset through TensorFlow Datasets' `tfds.data_source`.
 
   `tensorflow_datasets` is optional and only imported here. Images with a
@@ -434,24 +411,25 @@ def load_tfds_dataset(name: str, data_dir: Optional[PathLike] = None, *,
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise DataError(
-        f'Cannot load dataset {name!r} through TensorFlow Datasets: '
-        f'tensorflow_datasets is not installed ({e}). Install it with '
-        '`pip install -e .[tfds]`, or use the IDX files: '
-        + _how_to_get(name)) from e
+      f'Cannot load dataset {name!r} through TensorFlow Datasets: '
+      f'tensorflow_datasets is not installed ({e}). Install it with '
+      '`pip install -e .[tfds]`, or use the IDX files: ' + _how_to_get(name)
+    ) from e
   out: dict[str, Any] = {}
   for ours, split in zip(('train', 'test'), splits):
     try:
       source = tfds.data_source(
-          name, split=split, download=download,
-          data_dir=None if data_dir is None else os.fspath(data_dir))
+        name, split=split, download=download, data_dir=None if data_dir is None else os.fspath(data_dir)
+      )
       images, labels = _stack_examples(source, split)
     except DataError:
       raise
     except Exception as e:  # TFDS raises many kinds; report them as one.
       raise DataError(
-          f'Cannot load split {split!r} of dataset {name!r} through '
-          f'TensorFlow Datasets (data_dir={data_dir}): '
-          f'{type(e).__name__}: {e}') from e
+        f'Cannot load split {split!r} of dataset {name!r} through '
+        f'TensorFlow Datasets (data_dir={data_dir}): '
+        f'{type(e).__name__}: {e}'
+      ) from e
     if images.ndim == 4 and images.shape[-1] == 1:
       images = images[..., 0]
     out[f'{ours}_images'] = images

@@ -19,9 +19,9 @@ only ('local', the default: never the network), or TensorFlow Datasets
 ('tfds': may download, but only into the `data_dir` the caller names)."""
 
 
-def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
-                 verify: bool = True, source: str = 'local',
-                 **kwargs) -> dict[str, Any]:
+def load_dataset(
+  name: str, data_dir: Optional[PathLike] = None, *, verify: bool = True, source: str = 'local', **kwargs
+) -> dict[str, Any]:
   """Loads a dataset from files on disk, or through TFDS when asked to.
 
   The CIFAR pipeline's names go to their own loaders, with `kwargs`:
@@ -69,13 +69,12 @@ def load_dataset(name: str, data_dir: Optional[PathLike] = None, *,
     raise TypeError(f'load_dataset({name!r}) takes no {sorted(kwargs)}')
   if source == 'tfds':
     if data_dir is None:
-      raise ValueError(
-          f"source='tfds' downloads {name!r} into data_dir: name a folder "
-          '(--config.data_dir=DIR)')
+      raise ValueError(f"source='tfds' downloads {name!r} into data_dir: name a folder (--config.data_dir=DIR)")
     return idx.load_tfds_dataset(name, data_dir, download=True)
   if name not in idx.CHECKSUMS:
     raise idx.DataError(
-        f'{name!r} has no local loader (local datasets: {sorted(idx.CHECKSUMS)}, '
-        "'cifar10_jpeg', 'embeddings'); to read it through TensorFlow "
-        "Datasets pass source='tfds' and a data_dir")
+      f'{name!r} has no local loader (local datasets: {sorted(idx.CHECKSUMS)}, '
+      "'cifar10_jpeg', 'embeddings'); to read it through TensorFlow "
+      "Datasets pass source='tfds' and a data_dir"
+    )
   return idx.load_idx_dataset(name, data_dir, verify=verify)

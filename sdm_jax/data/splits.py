@@ -25,11 +25,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 REFERENCE_CLASS_ORDERS: dict[Optional[int], tuple[int, ...]] = {
-    None: (0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
-    3: (5, 4, 1, 2, 9, 6, 7, 0, 3, 8),
-    15: (2, 6, 1, 3, 7, 0, 9, 4, 5, 8),
-    27: (4, 2, 9, 1, 5, 6, 7, 0, 8, 3),
-    97: (7, 1, 2, 0, 6, 8, 4, 5, 9, 3),
+  None: (0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+  3: (5, 4, 1, 2, 9, 6, 7, 0, 3, 8),
+  15: (2, 6, 1, 3, 7, 0, 9, 4, 5, 8),
+  27: (4, 2, 9, 1, 5, 6, 7, 0, 8, 3),
+  97: (7, 1, 2, 0, 6, 8, 4, 5, 9, 3),
 }
 """The class orders of the authors' experiments on 10-class datasets.
 
@@ -120,15 +120,15 @@ def task_classes(order: Sequence[int] | np.ndarray, classes_per_task: int = 2) -
     raise ValueError(f'order must not repeat a class, got {order.tolist()}')
   if order.size % classes_per_task:
     raise ValueError(
-        f'the number of classes in order ({order.size}) must be divisible by '
-        f'classes_per_task ({classes_per_task})')
+      f'the number of classes in order ({order.size}) must be divisible by classes_per_task ({classes_per_task})'
+    )
   return order.astype(np.int32).reshape(-1, classes_per_task)
 
 
 def split_by_task(
-    images: np.ndarray,
-    labels: np.ndarray,
-    task_classes: np.ndarray,  # pylint: disable=redefined-outer-name
+  images: np.ndarray,
+  labels: np.ndarray,
+  task_classes: np.ndarray,  # pylint: disable=redefined-outer-name
 ) -> list[tuple[np.ndarray, np.ndarray]]:
   """Splits a dataset into class-incremental tasks.
 
@@ -154,12 +154,12 @@ def split_by_task(
     raise ValueError(f'labels must be 1-D, got shape {labels.shape}')
   if images.ndim < 1 or images.shape[0] != labels.shape[0]:
     raise ValueError(
-        f'images and labels must have the same first dimension, got shapes '
-        f'{images.shape} and {labels.shape}')
+      f'images and labels must have the same first dimension, got shapes {images.shape} and {labels.shape}'
+    )
   if tasks.ndim != 2 or tasks.size == 0:
     raise ValueError(
-        f'task_classes must be a non-empty 2-D array [num_tasks, '
-        f'classes_per_task], got shape {tasks.shape}')
+      f'task_classes must be a non-empty 2-D array [num_tasks, classes_per_task], got shape {tasks.shape}'
+    )
   if not np.issubdtype(tasks.dtype, np.integer):
     raise ValueError(f'task_classes must hold integer class ids, got dtype {tasks.dtype}')
   if len(np.unique(tasks)) != tasks.size:
@@ -171,8 +171,7 @@ def split_by_task(
   return out
 
 
-def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Stacks tasks of unequal size into arrays of one shape, zero-padded.
 
   A jitted engine can then handle every task with the same shapes, using
@@ -198,12 +197,12 @@ def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]
       raise ValueError(f'tasks[{t}] must be an (x, y) pair, got {len(pair)} items')
     x, y = np.asarray(pair[0]), np.asarray(pair[1])
     if y.ndim != 1 or x.ndim < 1 or x.shape[0] != y.shape[0]:
-      raise ValueError(
-          f'tasks[{t}] must be x [N, ...] and y [N], got shapes {x.shape} and {y.shape}')
+      raise ValueError(f'tasks[{t}] must be x [N, ...] and y [N], got shapes {x.shape} and {y.shape}')
     if x.shape[1:] != np.asarray(tasks[0][0]).shape[1:]:
       raise ValueError(
-          f'tasks[{t}] has x of shape {x.shape}; all tasks must share the '
-          f'trailing shape {np.asarray(tasks[0][0]).shape[1:]}')
+        f'tasks[{t}] has x of shape {x.shape}; all tasks must share the '
+        f'trailing shape {np.asarray(tasks[0][0]).shape[1:]}'
+      )
     xs.append(x)
     ys.append(y)
   sizes = np.array([len(y) for y in ys], dtype=np.int32)
@@ -211,6 +210,6 @@ def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]
   x_padded = np.zeros((len(xs), n_max) + xs[0].shape[1:], dtype=np.result_type(*xs))
   y_padded = np.zeros((len(ys), n_max), dtype=np.result_type(*ys))
   for t, (x, y) in enumerate(zip(xs, ys)):
-    x_padded[t, :len(x)] = x
-    y_padded[t, :len(y)] = y
+    x_padded[t, : len(x)] = x
+    y_padded[t, : len(y)] = y
   return x_padded, y_padded, sizes
