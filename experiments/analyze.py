@@ -603,9 +603,30 @@ def analyze(
   _name_runs(runs)
   out = pathlib.Path(out) if out else runs[0]["workdir"] / "analysis"
   out.mkdir(parents=True, exist_ok=True)
-  figures: list[tuple[str, str]] = []
   notes = list(notes or [])
 
+  figures = _curve_figures(runs, out, notes)
+  for run in runs:
+    if run["final_state"] is None:
+      run["neuron_note"] = "no final_state.npz in the workdir"
+      notes.append(
+        f"{run['name']}: no final_state.npz in {run['workdir']} (run unfinished, or written before "
+        "final states were saved): activation counts, entropy, UMAP and receptive fields skipped."
+      )
+      continue
+    logging.info(f"{run['name']}: neuron statistics")
+    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap, num_fields=num_fields)
+  figures += _neuron_figures(runs, out, notes, seed)
+  if not do_umap:
+    notes.append("UMAP figures skipped (--no_umap).")
+  report = write_report(runs, figures, notes, out, argv or [], max_examples)
+  logging.info(f"wrote {len(figures)} figures and {report}")
+  return report
+
+
+def _curve_figures(runs: list[dict], out: pathlib.Path, notes: list[str]) -> list[tuple[str, str]]:
+  """Per run: accuracy per task and the accuracy matrix; across runs: dead neurons, full accuracy."""
+  figures: list[tuple[str, str]] = []
   for run in runs:
     run["curves"] = analysis.curves_over_seeds(run["rows"])
     if not run["rows"]:
@@ -663,16 +684,12 @@ def analyze(
       )
     )
 
-  for run in runs:
-    if run["final_state"] is None:
-      run["neuron_note"] = "no final_state.npz in the workdir"
-      notes.append(
-        f"{run['name']}: no final_state.npz in {run['workdir']} (run unfinished, or written before "
-        "final states were saved): activation counts, entropy, UMAP and receptive fields skipped."
-      )
-      continue
-    logging.info(f"{run['name']}: neuron statistics")
-    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap, num_fields=num_fields)
+  return figures
+
+
+def _neuron_figures(runs: list[dict], out: pathlib.Path, notes: list[str], seed: int) -> list[tuple[str, str]]:
+  """From the final states: activation histogram, neuron entropy, receptive fields, UMAP."""
+  figures: list[tuple[str, str]] = []
   measured = [r for r in runs if r.get("neurons")]
   if measured:
     f = plot_activation_histogram(measured, out)
@@ -728,11 +745,7 @@ def analyze(
       )
     elif "umap_note" in run["neurons"]:
       notes.append(f"{run['name']}: UMAP skipped: {run['neurons']['umap_note']}.")
-  if not do_umap:
-    notes.append("UMAP figures skipped (--no_umap).")
-  report = write_report(runs, figures, notes, out, argv or [], max_examples)
-  logging.info(f"wrote {len(figures)} figures and {report}")
-  return report
+  return figures
 
 
 def main(argv):

@@ -149,6 +149,30 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   plt.close(fig)
 
 
+def _table_text(title: str, machine: str, seeds, command: str, others: list, lines: list[str]) -> str:
+  """The markdown table: what was measured where and how, then one line per row."""
+  return (
+    f"# {title}: paper vs sdm_jax\n\n"
+    f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
+    f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
+    "the full test set after the last task (the paper's metric); forgetting = max over earlier "
+    "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
+    "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
+    "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
+    f"Command: `{command}`"
+    + (
+      f" (rows finished earlier or by another process in this workdir with the same config: {', '.join(others)})"
+      if others
+      else ""
+    )
+    + "\n\n"
+    + HEADER
+    + "\n"
+    + "\n".join(lines)
+    + "\n"
+  )
+
+
 def run_rows(
   configs: dict,
   workdir: pathlib.Path,
@@ -191,26 +215,7 @@ def run_rows(
     done = {**all_results, **finished_elsewhere()}
     rows = [row for row in order if row in done]
     others = [row for row in rows if row not in to_run]
-    text = (
-      f"# {title}: paper vs sdm_jax\n\n"
-      f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-      f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
-      "the full test set after the last task (the paper's metric); forgetting = max over earlier "
-      "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
-      "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
-      "hidden units with no activation in the last training epoch (the last task's data only).\n\n"
-      f"Command: `{command}`"
-      + (
-        f" (rows finished earlier or by another process in this workdir with the same config: {', '.join(others)})"
-        if others
-        else ""
-      )
-      + "\n\n"
-      + HEADER
-      + "\n"
-      + "\n".join(table_row(row, shown[row], done[row]) for row in rows)
-      + "\n"
-    )
+    text = _table_text(title, machine, seeds, command, others, [table_row(row, shown[row], done[row]) for row in rows])
     (workdir / filename).write_text(text)
     plot_rows(
       {row: done[row] for row in rows},

@@ -167,21 +167,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
   )
   train_start = time.perf_counter()
   for epoch in range(epoch0, c.epochs):
-    order = np.random.default_rng([c.seed, epoch]).permutation(n_train)
-    sums, count, epoch_start = np.zeros(2), 0, time.perf_counter()
-    for i in range(steps_per_epoch):
-      idx = np.sort(order[i * c.batch_size : (i + 1) * c.batch_size])  # sorted: faster gather
-      batch = convmixer.shard_batch((ds["train_images"][idx], ds["train_labels"][idx].astype(np.int32)), mesh)
-      state, metrics = step_fn(state, *batch)
-      if (i + 1) % c.log_every_steps == 0 or i + 1 == steps_per_epoch:
-        m = jax.device_get(metrics)
-        sums += (m["loss"], m["accuracy"])
-        count += 1
-        rate = (i + 1) * c.batch_size / (time.perf_counter() - epoch_start)
-        logging.info(
-          f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
-          f"acc {m['accuracy']:.3f} |g| {m['grad_norm']:.2f} ({rate:.0f} img/s)"
-        )
+    state, sums, count = _train_epoch(c, state, step_fn, ds, mesh, epoch, steps_per_epoch)
     test_acc = evaluate(model, state, ds["test_images"], ds["test_labels"], mesh, c.eval_batch_size)
     wall = prior_wall + time.perf_counter() - train_start
     history.append(
@@ -200,6 +186,56 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
     checkpoint.save(
       mgr, epoch + 1, jax.device_get(state), dict(epoch=epoch + 1, history=history, wall_s=wall), config_dict
     )
+  return _finish(
+    c,
+    workdir,
+    state,
+    ds,
+    history,
+    prior_wall,
+    n_params=n_params,
+    num_classes=num_classes,
+    total_steps=total_steps,
+    num_devices=num_devices,
+  )
+
+
+def _train_epoch(c, state, step_fn, ds: dict, mesh, epoch: int, steps_per_epoch: int):
+  """One epoch in a seeded order (the incomplete last batch dropped); returns (state, sums of the
+  logged steps' loss and accuracy, number of logged steps)."""
+  order = np.random.default_rng([c.seed, epoch]).permutation(len(ds["train_labels"]))
+  sums, count, epoch_start = np.zeros(2), 0, time.perf_counter()
+  for i in range(steps_per_epoch):
+    idx = np.sort(order[i * c.batch_size : (i + 1) * c.batch_size])  # sorted: faster gather
+    batch = convmixer.shard_batch((ds["train_images"][idx], ds["train_labels"][idx].astype(np.int32)), mesh)
+    state, metrics = step_fn(state, *batch)
+    if (i + 1) % c.log_every_steps == 0 or i + 1 == steps_per_epoch:
+      m = jax.device_get(metrics)
+      sums += (m["loss"], m["accuracy"])
+      count += 1
+      rate = (i + 1) * c.batch_size / (time.perf_counter() - epoch_start)
+      logging.info(
+        f"epoch {epoch + 1}/{c.epochs} step {i + 1}/{steps_per_epoch}: loss {m['loss']:.4f} "
+        f"acc {m['accuracy']:.3f} |g| {m['grad_norm']:.2f} ({rate:.0f} img/s)"
+      )
+  return state, sums, count
+
+
+def _finish(
+  c,
+  workdir: pathlib.Path,
+  state,
+  ds: dict,
+  history: list,
+  prior_wall: float,
+  *,
+  n_params: int,
+  num_classes: int,
+  total_steps: int,
+  num_devices: int,
+) -> dict:
+  """Saves the embedder and results.json; returns the results."""
+  config_dict = c.to_dict()
   wall = history[-1]["wall_s"] if history else prior_wall
   final_acc = history[-1]["test_acc"] if history else float("nan")
   meta = dict(
@@ -207,7 +243,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
     num_classes=num_classes,
     dataset=c.dataset,
     dataset_source=ds["source"],
-    lossy=lossy,
+    lossy=bool(ds.get("lossy", False)),
     test_accuracy=final_acc,
     embedding_dim=c.dim,
   )
