@@ -81,8 +81,9 @@ def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: 
 ADDED_FIELD_DEFAULTS = {"data_source": "local", "model.gaba_switch_epochs": 0.0}
 
 
-def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
-  """Dotted names of the fields whose values differ (or exist on one side only)."""
+def config_differences(saved: dict, current: dict, prefix: str = "", *, saved_as: str = "checkpoint") -> list[str]:
+  """Dotted names of the fields whose values differ (or exist on one side only), each with both
+  values; `saved_as` names where the saved config came from ("checkpoint", "workdir")."""
   differences = []
   for name in sorted(set(saved) | set(current)):
     field = f"{prefix}{name}"
@@ -92,9 +93,9 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
     if a == "<missing>" and field in ADDED_FIELD_DEFAULTS and b == ADDED_FIELD_DEFAULTS[field]:
       continue
     if isinstance(a, dict) and isinstance(b, dict):
-      differences += config_differences(a, b, prefix=field + ".")
+      differences += config_differences(a, b, prefix=field + ".", saved_as=saved_as)
     elif a != b:
-      differences.append(f"{field} (checkpoint: {a!r}, now: {b!r})")
+      differences.append(f"{field} ({saved_as}: {a!r}, now: {b!r})")
   return differences
 
 

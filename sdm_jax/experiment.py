@@ -403,27 +403,21 @@ def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks
   """What validation needs the data for; returns the config to run, with GABA T resolved.
 
   Raises ValueError naming the field if `batch_size` exceeds the smallest
-  task's training examples (a larger batch only pads, and a huge one can
-  exhaust memory). With `model.gaba_switch_epochs = E > 0`, returns a copy
-  whose `model.gaba_switch_activations` is T = E x the first task's training
-  examples (the smallest over the seeds' class orders): before the switch
-  every neuron fires for every example, so C_i of Eq. 8 reaches T after E
-  epochs of the first task. The reference's T = 5M on Split MNIST (12,665
-  examples in task 1) is E = 395; its quick schedule's T = 500K is E = 39.5.
+  task (`continual.check_batch_size`). With `model.gaba_switch_epochs = E > 0`,
+  returns a copy whose `model.gaba_switch_activations` is
+  `continual.gaba_switch_activations(tasks, E)` (the quick schedule's T = 500K
+  is E = 39.5 on Split MNIST).
   """
-  sizes = np.asarray(tasks.train_sizes).reshape(-1, tasks.num_tasks)
-  smallest = int(sizes.min())
-  if config.batch_size > smallest and config.model.kind != "flymodel":  # (one pass, no batches)
-    _fail(
-      "batch_size",
-      f"{config.batch_size} is larger than the smallest task, which has {smallest} training "
-      f"examples (task sizes: {sorted(set(sizes.ravel().tolist()))}); use at most {smallest}",
-    )
+  if config.model.kind != "flymodel":  # (one pass, no batches)
+    try:
+      continual.check_batch_size(tasks, config.batch_size)
+    except ValueError as e:
+      _fail("batch_size", str(e))
   epochs = float(config.model.get("gaba_switch_epochs", 0.0))
   if epochs <= 0:
     return config
   config = ml_collections.ConfigDict(config.to_dict())
-  config.model.gaba_switch_activations = float(epochs * sizes[:, 0].min())
+  config.model.gaba_switch_activations = continual.gaba_switch_activations(tasks, epochs)
   return config
 
 
@@ -444,11 +438,11 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> N
     saved = json.loads(saved_path.read_text())
   except (OSError, ValueError) as e:
     raise ValueError(f"refusing to reuse {workdir}: its config.json cannot be read ({e}); use a new --workdir") from e
-  differences = checkpoint.config_differences(saved, json.loads(config.to_json_best_effort(sort_keys=True)))
+  differences = checkpoint.config_differences(saved, _config_json(config), saved_as="workdir")
   if differences:
     raise ValueError(
       f"refusing to reuse {workdir}: it holds the results of a run whose config differs in "
-      + "; ".join(d.replace("checkpoint:", "workdir:") for d in differences)
+      + "; ".join(differences)
       + ". Rerun with the same config, or use a new --workdir."
     )
 
@@ -646,7 +640,7 @@ def _train(
   is_main: bool,
 ) -> dict:
   """The task loop (`continual.run`) and what happens around it: curves, checkpoints, log, results."""
-  seeds, schedule = list(config.seeds), schedule_of(config)
+  seeds, schedule, config_json = list(config.seeds), schedule_of(config), _config_json(config)
   checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
   speed = _Speed(schedule.steps_per_block(tasks), schedule.blocks_per_task)
   writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, progress.curves)
@@ -654,9 +648,7 @@ def _train(
 
   def save(states):
     saved = dict(progress.to_json(), elapsed_s=elapsed_before + time.time() - start, data_identity=tasks.identity)
-    checkpoint.save(
-      checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved, _config_json(config)
-    )
+    checkpoint.save(checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved, config_json)
 
   spec = engine.spec
   logging.info(

@@ -86,6 +86,7 @@ def test_split_tasks_pads_and_stacks_orders():
   assert own.seed_axis and own.train_x.shape == (2, 2, 4, 2)  # {0,2} and {1,3} hold 4 and 2: padded to 4
   assert np.asarray(own.train_sizes).tolist() == [[3, 3], [4, 2]]
   assert own.order_of(1) == [0, 2, 1, 3] and shared.order_of(1) == [0, 1, 2, 3]
+  assert continual.gaba_switch_activations(own, 2.0) == 6.0  # 2 epochs of the smaller first task (3)
 
 
 def test_fit_refuses_a_batch_larger_than_a_task():

@@ -249,30 +249,22 @@ def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
 
   states = {"w": jnp.zeros(2)}
   schedule = train.SparseSchedule()
-  for active, exact, expect in [
-    (None, True, "dense"),
-    (50.0, True, "dense"),
-    (10.0, False, "sparse"),
-    (10.0, True, "dense"),
-  ]:
-    schedule = schedule._replace(active_last=active)
+  steps = [  # (active units last block, block index, sparse block exact, which block runs, retry_at, started)
+    (None, 3, True, "dense", 0, False),
+    (50.0, 3, True, "dense", 0, False),
+    (10.0, 3, False, "sparse", 13, False),
+    (10.0, 3, True, "dense", 13, False),
+    (10.0, 13, True, "sparse", 13, True),
+  ]
+  for active, index, exact, expect, retry_at, started in steps:
     calls.clear()
     _, _, ran_sparse, schedule = train.run_block_scheduled(
       states,
       dense_block=block("dense", True),
       sparse_block=block("sparse", exact),
       capacity=10,
-      schedule=schedule,
-      block_index=3,
+      schedule=schedule._replace(active_last=active),
+      block_index=index,
     )
     assert calls[0] == expect and ran_sparse == (expect == "sparse" and exact)
-  assert schedule.retry_at == 13 and not schedule.started  # the miss at block 3: retry from block 13
-  _, _, ran_sparse, schedule = train.run_block_scheduled(
-    states,
-    dense_block=block("dense", True),
-    sparse_block=block("sparse", True),
-    capacity=10,
-    schedule=schedule,
-    block_index=13,
-  )
-  assert ran_sparse and schedule.started
+    assert (schedule.retry_at, schedule.started) == (retry_at, started)
