@@ -39,7 +39,8 @@ import matplotlib.ticker  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sdm_jax import analysis, experiment  # noqa: E402
+from sdm_jax import analysis, final_state  # noqa: E402
+from experiments import schema
 
 _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "Run directory of experiments.split_mnist (repeatable).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: FIRST_WORKDIR/analysis).")
@@ -261,9 +262,9 @@ def plot_full_accuracy_comparison(runs: list[dict], out: pathlib.Path) -> str:
 def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, num_fields: int) -> dict:
   """Everything the neuron figures need, per seed where cheap, seed index 0 for UMAP and fields."""
   config = ml_collections.ConfigDict(run["config"])
-  spec = experiment.model_spec(config)
-  seeds, params, gaba_counts = experiment.load_final_state(run["final_state"])
-  dataset = experiment.load_data(config)
+  spec = schema.model_spec(config)
+  seeds, params, gaba_counts = final_state.load(run["final_state"])[:3]
+  dataset = schema.load_data(config)
   images, labels = dataset["train_images"], np.asarray(dataset["train_labels"]).astype(np.int64)
   keep = analysis.balanced_subset(labels, max_examples, seed=seed)
   x, y = images[keep].reshape(len(keep), -1), labels[keep]

@@ -3,13 +3,13 @@
 Each of those modules is `cli.main(default_config, default_workdir)`: a
 `--config` file with its variant (overridable field by field,
 `--config.FIELD=VALUE`) and a `--workdir`, run by
-`sdm_jax.experiment.train_and_evaluate`.
+`experiments.driver.train_and_evaluate`.
 """
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from sdm_jax import experiment
+from experiments import driver
 
 
 def main(default_config: str, default_workdir: str) -> None:
@@ -22,6 +22,6 @@ def main(default_config: str, default_workdir: str) -> None:
   def run(argv):
     if len(argv) > 1:
       raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    experiment.train_and_evaluate(config.value, workdir.value)
+    driver.train_and_evaluate(config.value, workdir.value)
 
   app.run(run)

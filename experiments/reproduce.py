@@ -8,7 +8,7 @@ r"""Reruns the rows of a paper table and writes it with the paper's number besid
         --data_dir=cifar10_embeddings.npz --seeds=0,3,15,27,97 --epochs_per_task=200
 
 Each row is a variant of the table's config (`experiments/configs/<table>.py`),
-run by `sdm_jax.experiment.train_and_evaluate` with its seeds as one compiled
+run by `experiments.driver.train_and_evaluate` with its seeds as one compiled
 program, into `WORKDIR/<row>/` (config.json, results.json, metrics.csv). A row
 whose results.json says "finished" with the same config is not rerun, so an
 interrupted reproduction picks up where it stopped. Rows of the table finished

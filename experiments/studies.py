@@ -78,11 +78,12 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
   counters) and runs the hidden layer in evaluation mode over all test images
   of all classes, so a unit kept for an earlier task is alive here.
   """
-  from sdm_jax import analysis, experiment
+  from sdm_jax import analysis, final_state
+  from experiments import schema
 
-  seeds, params, gaba_counts = experiment.load_final_state(workdir / "final_state.npz")
-  dataset = experiment.load_data(config)
-  spec = experiment.model_spec(config)
+  seeds, params, gaba_counts = final_state.load(workdir / "final_state.npz")[:3]
+  dataset = schema.load_data(config)
+  spec = schema.model_spec(config)
   dead = []
   for i in range(len(seeds)):
     stats = analysis.neuron_statistics(

@@ -1,6 +1,6 @@
 """Running rows of a table of experiments and writing the markdown table (no flags: a library).
 
-`run_rows` runs each row's config with `sdm_jax.experiment.train_and_evaluate`
+`run_rows` runs each row's config with `experiments.driver.train_and_evaluate`
 into WORKDIR/<row>/, skips rows whose results.json says "finished" with the
 same config (so an interrupted study resumes), and rewrites the markdown
 table after every row (with any `also_show` rows another process finished in
@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from sdm_jax import checkpoint, experiment, metrics
+from sdm_jax import checkpoint, metrics
+from experiments import driver, schema
 
 
 def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: int, seeds, data_dir: str):
@@ -80,7 +81,7 @@ def table_row(row: str, config, results: dict) -> str:
     f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
     f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
     f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
-    f"{experiment.fmt_duration(results['wall_time_s'])} |"
+    f"{driver.fmt_duration(results['wall_time_s'])} |"
   )
 
 
@@ -196,7 +197,7 @@ def run_rows(
   table survives an interruption. Returns {row: results} of the tabulated rows.
   """
   for config in configs.values():  # refuse a bad row before spending an hour on the others
-    experiment.validate_config(config)
+    schema.validate_config(config)
   workdir.mkdir(parents=True, exist_ok=True)
   to_run = dict(configs) if run else {}
   shown = {**(also_show or {}), **configs}
@@ -229,7 +230,7 @@ def run_rows(
     results = _finished(workdir / row, config)
     if results is None:
       print(f"[{i + 1}/{len(to_run)}] {row}", flush=True)
-      results = experiment.train_and_evaluate(config, workdir / row)
+      results = driver.train_and_evaluate(config, workdir / row)
     else:
       print(f"[{i + 1}/{len(to_run)}] {row}: finished earlier, not rerun", flush=True)
     all_results[row] = results
@@ -240,5 +241,5 @@ def run_rows(
       raise ValueError(f"no row of {list(order)} has finished in {workdir} with the same config")
     text = write_table(next(iter(all_results.values())).get("machine", ""))
   print(text)
-  print(f"total wall time {experiment.fmt_duration(time.time() - start)}; table in {workdir / filename}")
+  print(f"total wall time {driver.fmt_duration(time.time() - start)}; table in {workdir / filename}")
   return all_results

@@ -4,11 +4,12 @@ Synopsis::
 
     import json
     import ml_collections
-    from sdm_jax import analysis, data, experiment
+    from sdm_jax import analysis, data, final_state
+    from experiments import schema
 
     run = "/tmp/an/sdmlp"  # a finished `python -m experiments.split_mnist ... --workdir=/tmp/an/sdmlp`
-    spec = experiment.model_spec(ml_collections.ConfigDict(json.load(open(f"{run}/config.json"))))
-    seeds, params, gaba_counts = experiment.load_final_state(f"{run}/final_state.npz")
+    spec = schema.model_spec(ml_collections.ConfigDict(json.load(open(f"{run}/config.json"))))
+    seeds, params, gaba_counts = final_state.load(f"{run}/final_state.npz")[:3]
     ds = data.load_dataset("mnist")
     keep = analysis.balanced_subset(ds["train_labels"], 10_000)
     stats = analysis.neuron_statistics(analysis.seed_params(params, 0), ds["train_images"][keep],
@@ -340,7 +341,7 @@ def balanced_subset(labels, max_examples: int, seed: int = 0) -> np.ndarray:
 
 
 def seed_params(params: Mapping, index: int) -> dict:
-  """One seed's parameters from the stacked [S, ...] tree of `experiment.load_final_state`."""
+  """One seed's parameters from the stacked [S, ...] tree of `final_state.load`."""
   return {
     name: (seed_params(v, index) if isinstance(v, Mapping) else np.asarray(v)[index]) for name, v in params.items()
   }

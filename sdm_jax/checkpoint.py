@@ -17,7 +17,7 @@ What is saved (one orbax checkpoint per save, `WORKDIR/checkpoints/<blocks done>
 - `progress`: JSON with what the host loop needs to continue exactly where it
   stopped (blocks done, the accuracy matrices and curves so far, elapsed wall
   time, the sparse-step bookkeeping, and the data file's identity, which
-  `experiment.check_same_data` compares on resume: the config holds only its path);
+  `driver.check_same_data` compares on resume: the config holds only its path);
 - `config`: the run's config, compared field by field on resume.
 
 Orbax writes each checkpoint into a temporary directory and renames it when

@@ -1,6 +1,6 @@
 """The class-incremental protocol on arrays: tasks, the loop over evaluation blocks, results.
 
-No config and no files here. Two drivers use `run`: `experiment.train_and_evaluate`
+No config and no files here. Two drivers use `run`: `driver.train_and_evaluate`
 (a config in, a workdir out: checkpoints, CSV, TensorBoard, results.json) and
 `fit` (your own arrays in, the results dict out).
 

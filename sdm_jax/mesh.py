@@ -61,24 +61,22 @@ AXES = (SEED, DATA)
 def mesh_shape(seed: int = -1, data: int = 1, num_devices: int | None = None) -> tuple[int, int]:
   """(seed, data) sizes; seed = -1 takes every device the data axis leaves.
 
-  Raises ValueError naming the config field (`config.mesh.seed` / `.data`).
+  Raises ValueError whose message starts with the argument it is about (`seed: ...` / `data: ...`).
   """
   num_devices = jax.device_count() if num_devices is None else num_devices
   if not isinstance(data, int) or data < 1:
-    raise ValueError(f"config.mesh.data: must be a positive integer, got {data!r}")
+    raise ValueError(f"data: must be a positive integer, got {data!r}")
   if num_devices % data:
-    raise ValueError(f"config.mesh.data: {data} does not divide the {num_devices} devices")
+    raise ValueError(f"data: {data} does not divide the {num_devices} devices")
   if seed == -1:
     seed = num_devices // data
   if not isinstance(seed, int) or seed < 1:
-    raise ValueError(f"config.mesh.seed: must be a positive integer or -1 (all devices), got {seed!r}")
+    raise ValueError(f"seed: must be a positive integer or -1 (all devices), got {seed!r}")
   if seed * data > num_devices:
-    raise ValueError(
-      f"config.mesh.seed: seed x data = {seed} x {data} needs {seed * data} devices, only {num_devices} are visible"
-    )
+    raise ValueError(f"seed: seed x data = {seed} x {data} needs {seed * data} devices, only {num_devices} are visible")
   if seed * data != num_devices and jax.process_count() > 1:
     raise ValueError(
-      f"config.mesh.seed: with {jax.process_count()} processes the mesh must use every device "
+      f"seed: with {jax.process_count()} processes the mesh must use every device "
       f"({num_devices}), got seed x data = {seed * data}"
     )
   return seed, data
@@ -93,15 +91,10 @@ def make_mesh(seed: int = -1, data: int = 1, devices: Sequence[jax.Device] | Non
   return jax.make_mesh((seed, data), AXES, axis_types=auto, devices=devices[: seed * data])
 
 
-def from_config(config) -> Mesh | None:
-  """The mesh of `config.mesh` (fields `seed`, default -1, and `data`, default 1; a missing
-  field means all devices on the seed axis), or None when it would hold one device: the
-  single-device path, unchanged."""
-  fields = config.get("mesh") or {}
-  unknown = set(fields) - set(AXES)
-  if unknown:
-    raise ValueError(f"config.mesh: unknown fields {sorted(unknown)}; the axes are {AXES}")
-  seed, data = mesh_shape(fields.get(SEED, -1), fields.get(DATA, 1))
+def maybe_make_mesh(seed: int = -1, data: int = 1) -> Mesh | None:
+  """`make_mesh(seed, data)` over this host's view of the devices, or None when it would hold one
+  device: the single-device path, unchanged."""
+  seed, data = mesh_shape(seed, data)
   if seed * data == 1:
     return None
   return make_mesh(seed, data)

@@ -12,6 +12,10 @@ Synopsis::
         metric_writers.TensorBoardWriter(workdir / "tensorboard")])
     writer.write_rows(rows)        # dicts with "seed" and "epoch", one per seed per evaluation
     writer.close()
+    rows = metric_writers.read_rows(workdir / "metrics.csv")   # back, labels as int, values as float
+
+The CSV is where a run's curves are stored (results.json and checkpoints
+hold none); TensorBoard's event files are a view of the same rows.
 """
 
 from __future__ import annotations
@@ -22,6 +26,19 @@ from typing import Iterable, Sequence
 
 # Row fields that label a row rather than measure something.
 LABELS = ("seed", "task", "epoch")
+
+
+def read_rows(path: str | pathlib.Path) -> list[dict]:
+  """The rows of a CSV written by `CsvWriter`: `LABELS` as int, every other value as float; a row
+  cut short (a run killed while writing it) ends the list."""
+  rows = []
+  with pathlib.Path(path).open(newline="") as f:
+    for row in csv.DictReader(f):
+      try:
+        rows.append({k: int(v) if k in LABELS else float(v) for k, v in row.items()})
+      except (TypeError, ValueError):  # a missing (None) or truncated field
+        break
+  return rows
 
 
 class CsvWriter:

@@ -20,8 +20,8 @@ silently meaningless to it.
 Synopsis::
 
     pre = pretrained.load("/tmp/pretrain_sdmlp")            # a pretrain workdir or its final_state.npz
-    pretrained.check_compatible(config, pre)                 # ValueError naming config.model.<field>
-    note = pretrained.check_same_embedder(pre, embeddings.identity(config.data_dir))  # ValueError or a log line
+    pretrained.check_compatible(model_fields, pre)           # ValueError naming model.<field>
+    note = pretrained.check_same_embedder(pre, embeddings.identity(data_file))  # ValueError or a log line
     states = train.init_states(seeds, spec=spec, tx=tx)      # fresh output layers, one per seed
     states = pretrained.start_from(states, pre, tx=tx)
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -95,7 +96,7 @@ def resolve(path: str | pathlib.Path) -> pathlib.Path:
 
 
 def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
-  """Reads seed number `index` of a pretrain's final_state.npz (written by `experiment.save_final_state`).
+  """Reads seed number `index` of a pretrain's final_state.npz (written by `driver.save_final_state`).
 
   Raises:
     ValueError: the file is missing, is not a final state, or has no seed `index`.
@@ -122,39 +123,41 @@ def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
   return Pretrained(hidden=hidden, gaba_counts=counts, epoch=epoch, model=model, path=file, data=data)
 
 
-def check_compatible(config, pre: Pretrained) -> None:
-  """Raises ValueError naming the config field (and the file) that does not match the pretrained model.
+def check_compatible(model: Mapping[str, Any], pre: Pretrained, *, field_prefix: str = "model.") -> None:
+  """Raises ValueError naming the model field (and the file) that does not match the pretrained model.
 
-  Shapes are checked against the arrays; the other `MATCH_FIELDS` against
-  the pretrain's config.json beside the file (when present).
+  `model`: the continual run's model fields (`input_size`, `neurons`,
+  `hidden_bias`, `kind` and the `MATCH_FIELDS`), any mapping; errors name them
+  as `field_prefix + field`. Shapes are checked against the arrays; the other
+  `MATCH_FIELDS` against the pretrain's config.json beside the file (when present).
   """
-  m = config.model
+  m = dict(model)
   kernel = pre.hidden["kernel"]
   where = f"the pretrained checkpoint {pre.path}"
-  if kernel.shape[0] != m.input_size:
+  if kernel.shape[0] != m['input_size']:
     raise ValueError(
-      f"config.model.input_size: {m.input_size}, but {where} has a hidden kernel of shape "
+      f"{field_prefix}input_size: {m['input_size']}, but {where} has a hidden kernel of shape "
       f"{list(kernel.shape)} ({kernel.shape[0]} inputs)"
     )
-  if kernel.shape[1] != m.neurons:
+  if kernel.shape[1] != m['neurons']:
     raise ValueError(
-      f"config.model.neurons: {m.neurons}, but {where} has a hidden kernel of shape "
+      f"{field_prefix}neurons: {m['neurons']}, but {where} has a hidden kernel of shape "
       f"{list(kernel.shape)} ({kernel.shape[1]} neurons)"
     )
-  if ("bias" in pre.hidden) != bool(m.hidden_bias):
+  if ("bias" in pre.hidden) != bool(m['hidden_bias']):
     raise ValueError(
-      f"config.model.hidden_bias: {m.hidden_bias}, but {where} "
+      f"{field_prefix}hidden_bias: {m['hidden_bias']}, but {where} "
       f"{'has' if 'bias' in pre.hidden else 'has no'} hidden bias"
     )
   if pre.model is None:
     return
-  ignored = _IGNORED_BY_KIND.get(m.kind, ())
+  ignored = _IGNORED_BY_KIND.get(m['kind'], ())
   for field in MATCH_FIELDS:
     if field in ignored or field not in pre.model:
       continue
     if pre.model[field] != m[field]:
       raise ValueError(
-        f"config.model.{field}: {m[field]!r}, but {where} was pretrained with "
+        f"{field_prefix}{field}: {m[field]!r}, but {where} was pretrained with "
         f"{pre.model[field]!r} ({pre.path.parent / 'config.json'}); the reference inherits it "
         f"from the checkpoint: set --config.model.{field}={pre.model[field]!r}"
       )

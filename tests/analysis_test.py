@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import analysis, experiment, models
+from sdm_jax import analysis, final_state, models
+from experiments import schema
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
   config.seeds = seeds
   path.mkdir(parents=True)
   (path / "config.json").write_text(config.to_json_best_effort(indent=2))
-  spec = experiment.model_spec(config)
+  spec = schema.model_spec(config)
   rng = np.random.default_rng(0)
   fields = [
     "seed",
@@ -260,7 +261,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
     keys = jax.random.split(jax.random.key(0), len(seeds))
     params = jax.vmap(lambda k: models.init_params(k, spec))(keys)
     states = types.SimpleNamespace(params=params, gaba_counts=np.zeros((len(seeds), neurons), np.float32))
-    experiment.save_final_state(path / "final_state.npz", states, list(seeds))
+    final_state.save(path / "final_state.npz", states, list(seeds))
   return path
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import checkpoint, experiment
+from sdm_jax import checkpoint
+from experiments import driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A run of ~20 short evaluation blocks, checkpointed every second one (so a kill usually lands
@@ -91,17 +92,17 @@ def _tiny(**overrides):
 
 @pytest.mark.slow
 def test_resuming_with_another_config_is_refused_naming_the_field(tmp_path):
-  experiment.train_and_evaluate(_tiny(), tmp_path)
+  driver.train_and_evaluate(_tiny(), tmp_path)
   changed = _tiny()
   changed.optimizer.learning_rate = 0.1
   with pytest.raises(ValueError, match=r"optimizer\.learning_rate \(workdir: 0\.05, now: 0\.1\)"):
-    experiment.train_and_evaluate(changed, tmp_path)
+    driver.train_and_evaluate(changed, tmp_path)
   # Without config.json (say, deleted by hand) the checkpoints' own config refuses it too.
   (tmp_path / "config.json").unlink()
   with pytest.raises(ValueError, match=r"optimizer\.learning_rate \(checkpoint: 0\.05, now: 0\.1\)"):
-    experiment.train_and_evaluate(changed, tmp_path)
+    driver.train_and_evaluate(changed, tmp_path)
   # Fields that do not change the result may differ.
-  experiment.train_and_evaluate(_tiny(keep_checkpoints=3), tmp_path)
+  driver.train_and_evaluate(_tiny(keep_checkpoints=3), tmp_path)
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint_usable(tmp_path):
@@ -130,16 +131,16 @@ def progress_of(restored):
 
 @pytest.mark.slow
 def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-  reference = experiment.train_and_evaluate(_tiny(), tmp_path / "reference")
+  reference = driver.train_and_evaluate(_tiny(), tmp_path / "reference")
   run = tmp_path / "run"
-  experiment.train_and_evaluate(_tiny(), run)
+  driver.train_and_evaluate(_tiny(), run)
   steps = sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name))
   newest = steps[-1]
   for f in (newest / "state").rglob("*"):  # damaged on disk: every array file cut in half
     if f.is_file() and f.stat().st_size > 0:
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
   caplog.clear()
-  resumed = experiment.train_and_evaluate(_tiny(), run)
+  resumed = driver.train_and_evaluate(_tiny(), run)
   err = caplog.text
   # One line says what happened; the damaged folder is kept aside, out of orbax's way.
   line = next(l for l in err.splitlines() if "could not be restored" in l)
@@ -156,5 +157,5 @@ def test_no_readable_checkpoint_is_an_error_naming_each(tmp_path):
   foreign.mkdir(parents=True)
   (foreign / "something.txt").write_text("not a checkpoint")
   with pytest.raises(ValueError, match=r"no checkpoint in .*checkpoints can be restored: 7: "):
-    experiment.train_and_evaluate(_tiny(), tmp_path / "foreign")
+    driver.train_and_evaluate(_tiny(), tmp_path / "foreign")
   assert sorted(p.name for p in (tmp_path / "foreign").iterdir()) == ["checkpoints"]  # nothing written

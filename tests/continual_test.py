@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import continual, data, experiment, models
+from sdm_jax import continual, data, models
+from experiments import driver, schema
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -36,13 +37,13 @@ def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
 
 @pytest.mark.slow
 def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
-  """`fit` and `experiment.train_and_evaluate` drive the same loop: equal accuracy matrices."""
+  """`fit` and `driver.train_and_evaluate` drive the same loop: equal accuracy matrices."""
   config = split_mnist.get_config("sdmlp,tiny")
   config.model.neurons, config.epochs_per_task, config.eval_every, config.seeds = 40, 2, 1, (0, 1)
   config.train_step = "dense"  # (fit has no sparse step: that one is exact, not bitwise the same)
-  configured = experiment.train_and_evaluate(config, tmp_path / "run")
+  configured = driver.train_and_evaluate(config, tmp_path / "run")
   mnist = data.load_dataset("mnist")
-  spec = experiment.model_spec(config)
+  spec = schema.model_spec(config)
   fitted = continual.fit(
     mnist["train_images"],
     mnist["train_labels"],

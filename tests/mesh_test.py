@@ -40,31 +40,38 @@ def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int 
 # ------------------------------------------------------------------ in this process (one device)
 
 
-def test_mesh_shape_and_errors_name_the_field():
+def test_mesh_shape_and_errors_name_the_argument():
   from sdm_jax import mesh as mesh_lib
 
   assert mesh_lib.mesh_shape(-1, 2, num_devices=8) == (4, 2)
   assert mesh_lib.mesh_shape(3, 1, num_devices=8) == (3, 1)
-  with pytest.raises(ValueError, match=r"config\.mesh\.data: 3 does not divide"):
+  with pytest.raises(ValueError, match=r"^data: 3 does not divide"):
     mesh_lib.mesh_shape(-1, 3, num_devices=8)
-  with pytest.raises(ValueError, match=r"config\.mesh\.seed: seed x data = 8 x 2 needs 16"):
+  with pytest.raises(ValueError, match=r"^seed: seed x data = 8 x 2 needs 16"):
     mesh_lib.mesh_shape(8, 2, num_devices=8)
-  with pytest.raises(ValueError, match=r"config\.mesh\.seed: must be"):
+  with pytest.raises(ValueError, match=r"^seed: must be"):
     mesh_lib.mesh_shape(0, 1, num_devices=8)
-  with pytest.raises(ValueError, match=r"config\.mesh\.data: must be"):
+  with pytest.raises(ValueError, match=r"^data: must be"):
     mesh_lib.mesh_shape(-1, 0, num_devices=8)
 
 
 def test_one_device_means_no_mesh_and_no_padding():
-  import ml_collections
   from sdm_jax import mesh as mesh_lib
 
-  config = ml_collections.ConfigDict(dict(mesh=dict(seed=-1, data=1)))
-  assert mesh_lib.from_config(config) is None
-  assert mesh_lib.from_config(ml_collections.ConfigDict()) is None
+  assert mesh_lib.maybe_make_mesh(-1, 1) is None
+  assert mesh_lib.maybe_make_mesh() is None
   assert mesh_lib.pad_seeds([4, 5, 6], None) == [4, 5, 6]
+
+
+def test_the_schema_names_the_config_field():
+  import ml_collections
+  from experiments import schema
+
+  assert schema.mesh_of(ml_collections.ConfigDict()) is None
   with pytest.raises(ValueError, match=r"config\.mesh: unknown fields \['model'\]"):
-    mesh_lib.from_config(ml_collections.ConfigDict(dict(mesh=dict(model=2))))
+    schema.mesh_of(ml_collections.ConfigDict(dict(mesh=dict(model=2))))
+  with pytest.raises(ValueError, match=r"config\.mesh\.data: must be a positive integer"):
+    schema.mesh_of(ml_collections.ConfigDict(dict(mesh=dict(data=0))))
 
 
 def test_pad_seeds_repeats_the_last_seed_to_a_multiple_of_the_seed_axis():

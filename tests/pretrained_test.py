@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_cifar
-from sdm_jax import experiment, models, pretrained, train
+from sdm_jax import final_state, models, pretrained, train
+from experiments import schema
 
 
 def _config(**model):
@@ -23,7 +24,7 @@ def _config(**model):
 
 
 def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300, data=None):
-  """A pretrain workdir as experiment.save_final_state + config.json leave it (random numpy arrays);
+  """A pretrain workdir as driver.save_final_state + config.json leave it (random numpy arrays);
   `data`: the identity of its training file."""
   rng = np.random.default_rng(0)
   m, s = config.model, len(seeds)
@@ -35,7 +36,7 @@ def _write_pretrain(tmp_path, config, *, seeds=(7,), epoch=300, data=None):
     gaba_counts=(rng.random((s, m.neurons)) * 1e6).astype(np.float32),
     epoch=np.full((s,), epoch, np.int32),
   )
-  experiment.save_final_state(tmp_path / "final_state.npz", states, seeds, data=data)
+  final_state.save(tmp_path / "final_state.npz", states, seeds, data=data)
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   return states
 
@@ -45,10 +46,10 @@ def test_start_from_keeps_hidden_counters_epoch_and_resets_the_output_layer(tmp_
   config = _config()
   saved = _write_pretrain(tmp_path, config, seeds=(7, 8))
   pre = pretrained.load(tmp_path, index=1)
-  pretrained.check_compatible(config, pre)
-  spec = experiment.model_spec(config)
-  tx = experiment.make_tx(config, spec)
-  reg = experiment.regularizer_spec(config)
+  pretrained.check_compatible(config.model.to_dict(), pre)
+  spec = schema.model_spec(config)
+  tx = schema.make_tx(config, spec)
+  reg = schema.regularizer_spec(config)
   seeds = np.asarray([0, 3])
   fresh = train.init_states(seeds, spec=spec, tx=tx, regularizer=reg, num_tasks=5)
   states = pretrained.start_from(fresh, pre, tx=tx, regularizer=reg, num_tasks=5)
@@ -75,18 +76,18 @@ def test_start_from_keeps_hidden_counters_epoch_and_resets_the_output_layer(tmp_
 @pytest.mark.parametrize(
   "field,value,match",
   [
-    ("neurons", 60, r"config\.model\.neurons: 60, but the pretrained checkpoint .*final_state\.npz"),
-    ("input_size", 3072, r"config\.model\.input_size: 3072, but .*final_state\.npz"),
-    ("hidden_bias", True, r"config\.model\.hidden_bias"),
-    ("gaba_switch_activations", 1.0, r"config\.model\.gaba_switch_activations: 1\.0, .*config\.json"),
-    ("k", 1, r"config\.model\.k: 1, "),
+    ("neurons", 60, r"^model\.neurons: 60, but the pretrained checkpoint .*final_state\.npz"),
+    ("input_size", 3072, r"^model\.input_size: 3072, but .*final_state\.npz"),
+    ("hidden_bias", True, r"^model\.hidden_bias"),
+    ("gaba_switch_activations", 1.0, r"^model\.gaba_switch_activations: 1\.0, .*config\.json"),
+    ("k", 1, r"^model\.k: 1, "),
   ],
 )
 def test_mismatches_name_the_field_and_the_file(tmp_path, field, value, match):
   _write_pretrain(tmp_path, _config())
   config = _config(**{field: value})
   with pytest.raises(ValueError, match=match):
-    pretrained.check_compatible(config, pretrained.load(tmp_path))
+    pretrained.check_compatible(config.model.to_dict(), pretrained.load(tmp_path))
 
 
 def test_missing_file_wrong_index_and_head_fields_that_may_differ(tmp_path):
@@ -96,12 +97,12 @@ def test_missing_file_wrong_index_and_head_fields_that_may_differ(tmp_path):
   with pytest.raises(ValueError, match=r"config\.pretrained_index: 2 out of range"):
     pretrained.load(tmp_path, index=2)
   config = _config(dropout=0.5, output_bias=True, num_classes=100)  # the head and dropout are the run's own
-  pretrained.check_compatible(config, pretrained.load(tmp_path))
+  pretrained.check_compatible(config.model.to_dict(), pretrained.load(tmp_path))
   saved = json.loads((tmp_path / "config.json").read_text())
   saved["model"]["kind"] = "relu"
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  with pytest.raises(ValueError, match=r"config\.model\.kind: 'sdmlp', but .* 'relu'"):
-    pretrained.check_compatible(config, pretrained.load(tmp_path))
+  with pytest.raises(ValueError, match=r"^model\.kind: 'sdmlp', but .* 'relu'"):
+    pretrained.check_compatible(config.model.to_dict(), pretrained.load(tmp_path))
 
 
 def test_embeddings_from_another_embedder_are_refused_naming_both_files_and_keys(tmp_path):
@@ -138,7 +139,7 @@ def test_float_features_are_used_as_they_are():
   np.testing.assert_array_equal(train.to_float_input(x), x)
   np.testing.assert_allclose(train.to_float_input(jnp.asarray([[0, 255]], jnp.uint8)), [[0.0, 1.0]])
   spec = models.sdmlp(input_size=3, neurons=8, num_classes=2, k=2)
-  tx = experiment.make_tx(
+  tx = schema.make_tx(
     ml_collections.ConfigDict(
       dict(optimizer=dict(name="sgd", learning_rate=0.1, clip_norm=1.0, momentum=0.9, weight_decay=0.0))
     ),

@@ -6,7 +6,7 @@ import pytest
 
 from launch import runner as sweep_lib
 from launch.configs import split_mnist as sweeps
-from sdm_jax import experiment
+from experiments import driver, schema
 
 
 def test_expand_is_the_product_of_the_axes():
@@ -21,7 +21,7 @@ def test_expand_is_the_product_of_the_axes():
   )
   assert len(sweep_lib.expand(sweeps.get_config("methods"))) == 4 * 2 * 2
   for config in runs.values():
-    experiment.validate_config(config)
+    schema.validate_config(config)
 
 
 def test_unknown_field_or_sweep_is_named():
@@ -60,13 +60,13 @@ def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
   """A 2 x 4 sweep killed after 4 runs: the rerun runs the other 4, and the summary lists all 8."""
   config = sweeps.get_config("smoke")
   calls = []
-  monkeypatch.setattr(experiment, "train_and_evaluate", _fake_train_and_evaluate(calls, interrupt_after=4))
+  monkeypatch.setattr(driver, "train_and_evaluate", _fake_train_and_evaluate(calls, interrupt_after=4))
   with pytest.raises(KeyboardInterrupt):
     sweep_lib.run_sweep(config, tmp_path)
   first = list(calls)
   assert len(first) == 4 and "neurons=16" in first[0]
   calls.clear()
-  monkeypatch.setattr(experiment, "train_and_evaluate", _fake_train_and_evaluate(calls))
+  monkeypatch.setattr(driver, "train_and_evaluate", _fake_train_and_evaluate(calls))
   results = sweep_lib.run_sweep(config, tmp_path)
   assert sorted(calls) == sorted(set(sweep_lib.expand(config)) - set(first))  # only the missing runs
   assert len(results) == 8

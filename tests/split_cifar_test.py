@@ -10,7 +10,8 @@ import pytest
 
 from experiments.configs import pretrain, split_cifar
 from sdm_jax import data as data_lib
-from sdm_jax import experiment
+from sdm_jax import final_state
+from experiments import driver, schema
 from sdm_jax.data import embeddings
 
 
@@ -49,13 +50,13 @@ def fake_data(monkeypatch):
 @pytest.mark.parametrize("size", split_cifar.SIZES)
 def test_every_row_and_pretrain_validates(size):
   for variant in pretrain.VARIANTS:
-    experiment.validate_config(pretrain.get_config(f"{variant},{size}"))
+    schema.validate_config(pretrain.get_config(f"{variant},{size}"))
   for variant in split_cifar.VARIANTS:
     config = split_cifar.get_config(f"{variant},{size}")
     if config.pretrain_variant:
       assert config.pretrain_variant in pretrain.ROWS
       config.pretrained = "/some/pretrain"
-    experiment.validate_config(config)
+    schema.validate_config(config)
 
 
 def test_reference_settings():
@@ -112,7 +113,7 @@ def test_every_table_row_has_the_papers_value():
 
 def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"config\.pretrained: this row starts from the pretrain 'sdmlp'"):
-    experiment.train_and_evaluate(split_cifar.get_config("sdmlp,tiny"), tmp_path / "run")
+    driver.train_and_evaluate(split_cifar.get_config("sdmlp,tiny"), tmp_path / "run")
   assert not (tmp_path / "run").exists()
 
 
@@ -136,7 +137,7 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog):
   logging.getLogger("jax").addHandler(handler)
   try:
     with jax.log_compiles():
-      results = experiment.train_and_evaluate(config, tmp_path)
+      results = driver.train_and_evaluate(config, tmp_path)
   finally:
     logging.getLogger("jax").removeHandler(handler)
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
@@ -156,7 +157,7 @@ def test_embedding_width_is_checked_against_the_file(tmp_path, fake_data):
   config = split_cifar.get_config("nopretrain_sdmlp,tiny")
   config.model.input_size = 128  # the fake embeddings are 256-d
   with pytest.raises(ValueError, match=r"config\.model\.input_size: 128 does not match the 256 features"):
-    experiment.train_and_evaluate(config, tmp_path)
+    driver.train_and_evaluate(config, tmp_path)
 
 
 @pytest.mark.slow
@@ -181,19 +182,19 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   pre.data_dir, pre.model.input_size, pre.model.neurons = str(pre_file), 8, 32
   pre.num_classes = pre.classes_per_task = pre.model.num_classes = 100
   pre.batch_size = 16  # the mock's 100 examples
-  experiment.train_and_evaluate(pre, tmp_path / "pretrain")
-  _, _, pre_counts = experiment.load_final_state(tmp_path / "pretrain" / "final_state.npz")
+  driver.train_and_evaluate(pre, tmp_path / "pretrain")
+  _, _, pre_counts = final_state.load(tmp_path / "pretrain" / "final_state.npz")[:3]
 
   config = split_cifar.get_config("sdmlp,tiny")
   config.data_dir, config.pretrained, config.seeds = str(cifar_file), str(tmp_path / "pretrain"), (0, 3)
   config.model.input_size, config.model.neurons, config.batch_size = 8, 32, 8
-  results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
+  results = driver.train_and_evaluate(config, tmp_path / "split_cifar")
   assert results["status"] == "finished" and results["tasks_finished"] == 5
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
   assert "embeddings" in results["dataset"]["source"] and not results["dataset"]["lossy"]
   assert results["dataset"]["identity"]["embedder_key"] == embed.embedder_key(tmp_path / "convmixer")  # checked
   assert [s["class_order"] for s in results["per_seed"]] == [list(range(10)), [5, 4, 1, 2, 9, 6, 7, 0, 3, 8]]
-  _, params, counts = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
+  _, params, counts = final_state.load(tmp_path / "split_cifar" / "final_state.npz")[:3]
   assert params["output"]["kernel"].shape == (2, 32, 10)  # X_v: a fresh 10-way layer per seed
   assert np.all(counts >= pre_counts) and pre_counts.sum() > 0  # the GABA counters carried on
   with np.load(tmp_path / "split_cifar" / "final_state.npz") as f:
@@ -208,15 +209,15 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
   with tfds.testing.mock_data(num_examples=20):
     pre = pretrain.get_config("pixels_sdmlp_k1,tiny")
     pre.model.neurons, pre.batch_size = 16, 4  # the mock's 20 examples
-    pre_results = experiment.train_and_evaluate(pre, tmp_path / "pretrain")
+    pre_results = driver.train_and_evaluate(pre, tmp_path / "pretrain")
     config = split_cifar.get_config("pixels_sdmlp_k1,tiny")
     config.model.neurons, config.pretrained, config.seeds = 16, str(tmp_path / "pretrain"), (3,)
     config.batch_size = 1  # the mock gives some tasks a single example
-    results = experiment.train_and_evaluate(config, tmp_path / "split_cifar")
+    results = driver.train_and_evaluate(config, tmp_path / "split_cifar")
   assert pre_results["dataset"]["source"] == "tfds:imagenet_resized/32x32"
   assert results["dataset"]["source"] == "tfds:cifar10" and results["tasks_finished"] == 5
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
-  _, params, _ = experiment.load_final_state(tmp_path / "split_cifar" / "final_state.npz")
+  _, params, _ = final_state.load(tmp_path / "split_cifar" / "final_state.npz")[:3]
   assert params["hidden"]["kernel"].shape == (1, 3072, 16) and params["output"]["kernel"].shape == (1, 16, 10)
 
 
@@ -254,7 +255,7 @@ def _split(data_file, pretrain_dir, workdir):
   config.data_dir, config.pretrained, config.seeds = str(data_file), str(pretrain_dir), (0,)
   config.model.input_size, config.model.neurons, config.batch_size = 8, 16, 8  # tasks of 24 examples
   config.epochs_per_task = config.eval_every = 1
-  return experiment.train_and_evaluate(config, workdir)
+  return driver.train_and_evaluate(config, workdir)
 
 
 def _pretrain_config(data_file):
@@ -269,7 +270,7 @@ def _pretrain_config(data_file):
 @pytest.mark.slow
 def test_pretrain_records_its_embedder_and_split_cifar_refuses_another(tmp_path):
   """A retrained embedder (new key) with an old pretrain is refused; embeddings from the same one run."""
-  experiment.train_and_evaluate(
+  driver.train_and_evaluate(
     _pretrain_config(_embedding_file(tmp_path / "imagenet32.npz", "aaa111")), tmp_path / "pretrain"
   )
   with np.load(tmp_path / "pretrain" / "final_state.npz") as f:
@@ -301,7 +302,7 @@ def test_embedding_file_without_a_key_runs_unchecked_and_says_so_once(tmp_path, 
     epoch=np.ones((1,), np.int32),
   )
   (tmp_path / "pretrain").mkdir()
-  experiment.save_final_state(
+  final_state.save(
     tmp_path / "pretrain" / "final_state.npz", states, (0,), data=dict(file=pre.data_dir, embedder_key="aaa111")
   )
   (tmp_path / "pretrain" / "config.json").write_text(pre.to_json_best_effort())

@@ -6,7 +6,8 @@ import pytest
 from experiments import studies
 from experiments.configs import ablations
 from experiments.configs import k_frontier
-from sdm_jax import experiment
+from sdm_jax import final_state
+from experiments import schema
 
 
 def _flat(config):
@@ -16,7 +17,7 @@ def _flat(config):
 @pytest.mark.parametrize("row", ablations.VARIANTS)
 def test_every_row_validates_and_changes_only_its_fields(row):
   config = ablations.get_config(f"{row},quick")
-  experiment.validate_config(config)
+  schema.validate_config(config)
   base = _flat(ablations.get_config("sgd,quick"))
   changed = {k for k, v in _flat(config).items() if base[k] != v}
   overrides, paper = ablations.ROWS[row]
@@ -78,7 +79,7 @@ def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   dead = studies.dead_on_test_set(tmp_path / "relu", config)
 
   # Independent: relu(x W + b) in numpy over all 10,000 test images, summed per unit.
-  seeds, params, _ = experiment.load_final_state(tmp_path / "relu" / "final_state.npz")
+  seeds, params, _ = final_state.load(tmp_path / "relu" / "final_state.npz")[:3]
   x = data_lib.load_dataset("mnist")["test_images"].reshape(10_000, -1).astype(np.float64) / 255.0
   for i in range(2):
     hidden = np.maximum(x @ params["hidden"]["kernel"][i] + params["hidden"]["bias"][i], 0.0)
@@ -96,12 +97,12 @@ def test_k_frontier_rows_parse_and_validate():
       k_frontier.parse_row(bad)
   for row in k_frontier.ROWS:
     config = k_frontier.get_config(f"{row},quick")
-    experiment.validate_config(config)
+    schema.validate_config(config)
     k, ncl = k_frontier.parse_row(row)
     assert config.model.k == k and config.model.kind == "sdmlp"
     assert config.classes_per_task == (10 if ncl else 2)
   with pytest.raises(ValueError, match="config.model.k"):
-    experiment.validate_config(k_frontier.get_config("k1000"))
+    schema.validate_config(k_frontier.get_config("k1000"))
 
 
 def test_k_frontier_configs_share_schedule_and_T():

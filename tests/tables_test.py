@@ -6,7 +6,7 @@ import pytest
 
 from experiments import tables
 from experiments.configs import split_mnist
-from sdm_jax import experiment
+from experiments import driver
 
 
 def _configs():
@@ -39,7 +39,7 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("a finished row was rerun")
 
-  monkeypatch.setattr(experiment, "train_and_evaluate", fail)
+  monkeypatch.setattr(driver, "train_and_evaluate", fail)
   again = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
   assert again["sdmlp"]["summary"] == results["sdmlp"]["summary"]
 
@@ -52,7 +52,7 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
 def test_run_rows_refuses_a_bad_row_before_running_any(tmp_path, monkeypatch):
   configs = _configs()
   configs["sdmlp"].model.k = 0
-  monkeypatch.setattr(experiment, "train_and_evaluate", lambda *a, **k: pytest.fail("ran before validating"))
+  monkeypatch.setattr(driver, "train_and_evaluate", lambda *a, **k: pytest.fail("ran before validating"))
   with pytest.raises(ValueError, match="config.model.k"):
     tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1))
 
@@ -85,9 +85,9 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
   # "Another process" finishes the FlyModel row in the shared workdir.
   tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a", seeds=(0, 1))
   ran = []
-  real = experiment.train_and_evaluate
+  real = driver.train_and_evaluate
   monkeypatch.setattr(
-    experiment, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name) or real(config, workdir)
+    driver, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name) or real(config, workdir)
   )
   # This process runs only the SDMLP row, yet its table holds both, in also_show's order.
   shown = tables.run_rows(
@@ -107,7 +107,7 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
 
   # run=False runs nothing and rewrites the table from the finished rows.
   (tmp_path / "t.md").unlink()
-  monkeypatch.setattr(experiment, "train_and_evaluate", lambda *a: pytest.fail("ran a row"))
+  monkeypatch.setattr(driver, "train_and_evaluate", lambda *a: pytest.fail("ran a row"))
   shown = tables.run_rows(
     {"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"]},
     tmp_path,

@@ -4,7 +4,7 @@ A sweep is a product of axes. Each axis is (field, values): `variant` picks the
 experiment config (`experiments/configs/split_mnist.py`, e.g. "sdmlp,quick"),
 any other dotted field (`model.neurons`, `class_order`, ...) is set on it.
 `overrides` are set on every run before the axes. Every run packs its seeds
-into one program (`sdm_jax.experiment`), on all devices of the mesh.
+into one program (`experiments/driver.py`), on all devices of the mesh.
 
 Sweeps:
   methods: 4 methods x 1K/10K neurons x ordinal/per-seed class order, 50 epochs per task, 3 seeds

@@ -17,7 +17,8 @@ import sys
 import ml_collections
 import numpy as np
 
-from sdm_jax import analysis, data, experiment
+from sdm_jax import analysis, data, final_state
+from experiments import schema
 
 for workdir in sys.argv[1:]:
   run = analysis.load_run(workdir)
@@ -26,9 +27,9 @@ for workdir in sys.argv[1:]:
     print(f"{workdir} seed {s['seed']}: final {s['final_accuracy']:.4f}, forgetting {s['forgetting']:.3f}, "
           f"diagonal {np.round(np.diag(acc), 2)}, last row {np.round(acc[-1], 2)}")
   config = ml_collections.ConfigDict(run["config"])
-  spec = experiment.model_spec(config)
+  spec = schema.model_spec(config)
   x = data.load_dataset(config.dataset, config.data_dir or None)["test_images"][:2000]
-  _, params, gaba_counts = experiment.load_final_state(run["final_state"])
+  _, params, gaba_counts = final_state.load(run["final_state"])[:3]
   for i in range(len(gaba_counts)):
     hidden = np.concatenate(list(analysis.hidden_activations(analysis.seed_params(params, i), x, spec=spec,
                                                              gaba_counts=gaba_counts[i])))

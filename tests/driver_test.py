@@ -1,4 +1,4 @@
-"""End-to-end tests of sdm_jax.experiment: config validation, outputs, non-finite stop."""
+"""End-to-end tests of experiments/driver.py: refused runs write nothing, outputs, non-finite stop, resume."""
 
 import json
 import pathlib
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import experiment
+from sdm_jax import final_state
+from experiments import driver
 from sdm_jax.data import embeddings
 
 
@@ -27,22 +28,6 @@ def _tiny(variant="sdmlp", **overrides):
   for field, value in overrides.items():
     _set(config, field, value)
   return config
-
-
-@pytest.mark.parametrize("variant", split_mnist.VARIANTS)
-@pytest.mark.parametrize("size", split_mnist.SIZES)
-def test_every_variant_validates(variant, size):
-  experiment.validate_config(split_mnist.get_config(f"{variant},{size}"))
-
-
-def test_reference_defaults():
-  c = split_mnist.get_config("sdmlp")
-  assert (c.epochs_per_task, c.batch_size, c.optimizer.name, c.optimizer.learning_rate) == (500, 128, "sgd", 0.05)
-  assert (c.model.neurons, c.model.k, c.model.gaba_switch_activations, c.optimizer.clip_norm) == (1000, 10, 5e6, 1.0)
-  q = split_mnist.get_config("sdmlp,quick")
-  assert q.epochs_per_task == 50 and q.model.gaba_switch_activations == 5e5  # T scaled by 50/500
-  assert split_mnist.get_config("topk,quick").model.k_transition_epochs == 20
-  assert split_mnist.get_config("sdmlp_10k").model.k == 10  # k = 10 for 10K too (reference)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +60,7 @@ def test_bad_configs_name_the_field(field, value, match, tmp_path):
   config = split_mnist.get_config("sdmlp,tiny")
   _set(config, field, value)
   with pytest.raises(ValueError, match=match.replace(".", r"\.")):
-    experiment.train_and_evaluate(config, tmp_path / "run")
+    driver.train_and_evaluate(config, tmp_path / "run")
   assert not (tmp_path / "run").exists()  # refused before anything was written or compiled
 
 
@@ -87,7 +72,7 @@ def _snapshot(root: pathlib.Path) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("finished") / "run"
-  experiment.train_and_evaluate(_tiny(), workdir)
+  driver.train_and_evaluate(_tiny(), workdir)
   return workdir
 
 
@@ -104,13 +89,13 @@ def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path
     (workdir / "final_state.npz").unlink()
   before = _snapshot(workdir)
   with pytest.raises(ValueError, match=r"refusing .*" + field.replace(".", r"\.")):
-    experiment.train_and_evaluate(_tiny(**{field: value}), workdir)
+    driver.train_and_evaluate(_tiny(**{field: value}), workdir)
   assert _snapshot(workdir) == before
   if killed:  # without config.json the checkpoints' own config refuses it, still writing nothing
     (workdir / "config.json").unlink()
     before = _snapshot(workdir)
     with pytest.raises(ValueError, match=r"refusing to resume .*" + field.replace(".", r"\.")):
-      experiment.train_and_evaluate(_tiny(**{field: value}), workdir)
+      driver.train_and_evaluate(_tiny(**{field: value}), workdir)
     assert _snapshot(workdir) == before
 
 
@@ -142,7 +127,7 @@ def test_invalid_values_are_refused_before_anything_is_written(overrides, match,
     with node.ignore_type():  # what a command-line override can produce, e.g. --config.seeds='(0.5,)'
       node[leaf] = value
   with pytest.raises(ValueError, match=match):
-    experiment.train_and_evaluate(config, tmp_path / "run")
+    driver.train_and_evaluate(config, tmp_path / "run")
   assert not (tmp_path / "run").exists()
 
 
@@ -152,21 +137,14 @@ def test_absent_local_data_fails_at_once_writing_nothing(tmp_path):
   with pytest.raises(
     ValueError, match=r"(?s)Cannot find the IDX files.*--config\.data_dir=DIR.*--config\.data_source=tfds"
   ):
-    experiment.train_and_evaluate(_tiny(data_dir=str(empty)), tmp_path / "run")
+    driver.train_and_evaluate(_tiny(data_dir=str(empty)), tmp_path / "run")
   assert not (tmp_path / "run").exists() and list(empty.iterdir()) == []
-
-
-def test_unknown_variant_and_size():
-  with pytest.raises(ValueError, match="unknown variant"):
-    split_mnist.get_config("sdm_xl")
-  with pytest.raises(ValueError, match="unknown size"):
-    split_mnist.get_config("sdmlp,huge")
 
 
 @pytest.mark.slow
 def test_tiny_run_writes_results(tmp_path):
   config = _tiny(seeds=(0, 1), eval_every=1)
-  results = experiment.train_and_evaluate(config, tmp_path)
+  results = driver.train_and_evaluate(config, tmp_path)
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["status"] == "finished" and saved["tasks_finished"] == 5
   assert json.loads((tmp_path / "config.json").read_text())["model"]["neurons"] == 100
@@ -183,7 +161,7 @@ def test_tiny_run_writes_results(tmp_path):
     assert seed_result["final_accuracy_task_incremental"] >= seed_result["final_accuracy"]
   finals = [s["final_accuracy"] for s in saved["per_seed"]]
   assert results["summary"]["final_accuracy_mean"] == pytest.approx(np.mean(finals))
-  seeds, params, counts = experiment.load_final_state(tmp_path / "final_state.npz")
+  seeds, params, counts = final_state.load(tmp_path / "final_state.npz")[:3]
   assert seeds.tolist() == [0, 1] and params["hidden"]["kernel"].shape == (2, 784, 100)
   assert params["output"]["kernel"].shape == (2, 100, 10) and counts.shape == (2, 100)
   np.testing.assert_allclose(np.linalg.norm(params["hidden"]["kernel"], axis=1), 1.0, atol=1e-5)
@@ -194,7 +172,7 @@ def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
   config = _tiny("relu", **{"optimizer.learning_rate": 1e38, "optimizer.clip_norm": 0.0})
   # Tasks counted from 1, as in the progress lines ("task 1/5 epoch 1/1").
   with pytest.raises(FloatingPointError, match=r"task 1/5, epoch 1 "):
-    experiment.train_and_evaluate(config, tmp_path)
+    driver.train_and_evaluate(config, tmp_path)
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["status"] == "failed" and "task 1/5, epoch 1 " in saved["failure"]
 
@@ -203,10 +181,10 @@ def test_non_finite_loss_stops_naming_task_and_epoch(tmp_path):
 def test_per_seed_class_orders(tmp_path):
   """class_order='by_seed': each seed trains on its own (reference) class order, one program."""
   config = _tiny(seeds=(3, 97), class_order="by_seed")
-  results = experiment.train_and_evaluate(config, tmp_path)
+  results = driver.train_and_evaluate(config, tmp_path)
   orders = [s["class_order"] for s in results["per_seed"]]
   assert orders == [[5, 4, 1, 2, 9, 6, 7, 0, 3, 8], [7, 1, 2, 0, 6, 8, 4, 5, 9, 3]]
-  alone = experiment.train_and_evaluate(_tiny(seeds=(97,), class_order="by_seed"), tmp_path / "alone")
+  alone = driver.train_and_evaluate(_tiny(seeds=(97,), class_order="by_seed"), tmp_path / "alone")
   np.testing.assert_allclose(alone["per_seed"][0]["acc_matrix"], results["per_seed"][1]["acc_matrix"], atol=1e-3)
   assert alone["per_seed"][0]["acc_matrix"][0][0] > 0.9
 
@@ -215,10 +193,10 @@ def test_per_seed_class_orders(tmp_path):
 def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog):
   """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
   overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
-  auto = experiment.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
+  auto = driver.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
   assert "continuing with the sparse SGD step" in caplog.text
   caplog.clear()
-  dense = experiment.train_and_evaluate(_tiny(train_step="dense", **overrides), tmp_path / "dense")
+  dense = driver.train_and_evaluate(_tiny(train_step="dense", **overrides), tmp_path / "dense")
   assert "continuing with the sparse SGD step" not in caplog.text
   for a, d in zip(auto["per_seed"], dense["per_seed"]):
     np.testing.assert_allclose(a["acc_matrix"], d["acc_matrix"], atol=2e-3)  # <= a few test examples
@@ -230,7 +208,7 @@ def test_oracle_learns_all_of_mnist(tmp_path):
   """The Oracle row: the ReLU MLP on all ten classes at once (one task) reaches >= 0.97."""
   config = split_mnist.get_config("oracle,quick")  # 20 epochs of all 60K images
   config.eval_every = 20
-  results = experiment.train_and_evaluate(config, tmp_path)
+  results = driver.train_and_evaluate(config, tmp_path)
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (1, 1)
   assert results["summary"]["final_accuracy_mean"] >= 0.97
 
@@ -240,7 +218,7 @@ def test_flymodel_row_through_the_runner(tmp_path):
   """FlyModel 1K (one pass per task, closed form) via train_and_evaluate: paper 0.77."""
   config = split_mnist.get_config("flymodel,tiny")
   config.seeds = (0, 1)
-  results = experiment.train_and_evaluate(config, tmp_path)
+  results = driver.train_and_evaluate(config, tmp_path)
   assert results["model"]["n_response"] == 64
   for seed_result in results["per_seed"]:
     acc = np.array(seed_result["acc_matrix"])
@@ -275,10 +253,10 @@ def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, caplog, key):
   config = _tiny(
     "relu", dataset="embeddings", data_dir=str(data_file), batch_size=4, **{"model.input_size": 8, "model.neurons": 16}
   )
-  results = experiment.train_and_evaluate(config, tmp_path / "run")
+  results = driver.train_and_evaluate(config, tmp_path / "run")
   assert results["status"] == "finished"
   assert set(results["dataset"]["identity"]) >= ({"embedder_key"} if key else {"sha256"})
-  experiment.train_and_evaluate(config, tmp_path / "run")  # the same file: resumes
+  driver.train_and_evaluate(config, tmp_path / "run")  # the same file: resumes
   assert "resuming from" in caplog.text
   _embedding_file(data_file, key=key and "bbb222", shift=1.0)  # re-embedded in place
   with pytest.raises(
@@ -286,16 +264,16 @@ def test_resuming_on_a_changed_embedding_file_is_refused(tmp_path, caplog, key):
     match=r"(?s)refusing to resume .*checkpoints/\d+: the data file "
     r".*emb\.npz changed .*start fresh: delete .*checkpoints or use a new --workdir",
   ):
-    experiment.train_and_evaluate(config, tmp_path / "run")
+    driver.train_and_evaluate(config, tmp_path / "run")
 
 
 def test_checkpoints_without_a_data_identity_resume_with_a_note():
   where = pathlib.Path("/w/checkpoints/5")
   identity = dict(file="/e.npz", embedder_key="aaa111")
-  assert "does not record its data file's identity" in experiment.check_same_data({}, identity, where)
-  assert experiment.check_same_data({}, None, where) is None  # pixels, before and now
+  assert "does not record its data file's identity" in driver.check_same_data({}, identity, where)
+  assert driver.check_same_data({}, None, where) is None  # pixels, before and now
   moved = dict(identity, file="/mnt/e.npz")  # the same file reached by another path
-  assert experiment.check_same_data({"data_identity": identity}, moved, where) is None
+  assert driver.check_same_data({"data_identity": identity}, moved, where) is None
 
 
 @pytest.mark.slow
@@ -305,7 +283,7 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
   first task, and a task that ends with the switch incomplete is reported."""
   # T = 1 epoch of task 1 (digits 0 and 1: 5,923 + 6,742 = 12,665 examples): switched within task 1.
   config = _tiny(epochs_per_task=2, **{"model.gaba_switch_epochs": 1.0})
-  results = experiment.train_and_evaluate(config, tmp_path / "epochs")
+  results = driver.train_and_evaluate(config, tmp_path / "epochs")
   saved = json.loads((tmp_path / "epochs" / "config.json").read_text())
   assert saved["model"]["gaba_switch_activations"] == 12_665.0 and saved["model"]["gaba_switch_epochs"] == 1.0
   assert results["warnings"] == []
@@ -313,7 +291,7 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
   assert end_of_task_1["gaba_lambda_mean"] > 0.9
   # The quick default T (500K) on 2 epochs per task: never switches, and every task end says so.
   config = _tiny(epochs_per_task=2, **{"model.gaba_switch_activations": 5e5})
-  results = experiment.train_and_evaluate(config, tmp_path / "counts")
+  results = driver.train_and_evaluate(config, tmp_path / "counts")
   assert len(results["warnings"]) == 5 and all("GABA switch incomplete" in w for w in results["warnings"])
   assert "model.gaba_switch_epochs" in results["warnings"][0]
   assert json.loads((tmp_path / "counts" / "results.json").read_text())["warnings"] == results["warnings"]
@@ -321,4 +299,4 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
 
 def test_gaba_switch_epochs_only_with_the_gaba_schedule(tmp_path):
   with pytest.raises(ValueError, match=r"config\.model\.gaba_switch_epochs: applies to the GABA switch only"):
-    experiment.train_and_evaluate(_tiny("relu", **{"model.gaba_switch_epochs": 5.0}), tmp_path / "run")
+    driver.train_and_evaluate(_tiny("relu", **{"model.gaba_switch_epochs": 5.0}), tmp_path / "run")

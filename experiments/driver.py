@@ -1,0 +1,443 @@
+"""Class-incremental continual learning from one config: validate, train, evaluate, write.
+
+Synopsis::
+
+    from experiments import driver
+    from experiments.configs import split_mnist
+    config = split_mnist.get_config("sdmlp,quick")
+    results = driver.train_and_evaluate(config, "/tmp/run")
+    print(results["summary"]["final_accuracy_mean"])
+
+The config becomes the library's specs in `experiments/schema.py`; the task
+loop is `sdm_jax.continual.run`; this module does what happens around it:
+refusing bad runs before anything is written, resuming from checkpoints,
+writing curves, progress lines and results.
+
+Outputs in `workdir` (docs/design.md#outputs-of-a-run): `config.json`, `results.json` (per seed: the
+accuracy matrix `acc[after_task][on_task]`, the task-incremental matrix,
+final full-test accuracy, dead-neuron fraction; the run's wall time),
+`metrics.csv` (the curves: one row per seed per evaluation), TensorBoard
+event files in `tensorboard/`, `checkpoints/` and `final_state.npz`.
+
+Runs on embedding files also record the file's identity (`schema.data_identity`:
+its embedder key, or a sha256 when it has none) in results.json, in every
+checkpoint and in final_state.npz: config.json holds only the path, and a
+file can be re-embedded in place. A resumed run whose file changed is
+refused, and so is a pretrained run whose pretrain saw another embedder
+(`pretrained.check_same_embedder`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import platform
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from sdm_jax import mesh as mesh_lib
+from sdm_jax import checkpoint, continual, final_state, flymodel, metrics, pretrained, train
+from experiments import schema
+
+
+def check_same_data(progress: dict, identity: dict | None, where: pathlib.Path) -> str | None:
+  """Raises ValueError if the data file is not the one the checkpoint at `where` was trained on.
+
+  The config comparison sees only the path. The identities are compared
+  without the file's absolute path (the same file may be reached another way).
+  Returns a line for the log when the checkpoint predates the record, else None.
+  """
+  if "data_identity" not in progress:  # saved by an older version
+    if identity is None:
+      return None
+    return f"{where} does not record its data file's identity (saved by an older version); data not checked"
+  content = lambda d: {k: v for k, v in (d or {}).items() if k != "file"}
+  saved = progress["data_identity"]
+  if content(saved) != content(identity):
+    file = (identity or saved)["file"]
+    raise ValueError(
+      f"refusing to resume {where}: the data file {file} changed since the checkpoint was "
+      f"saved (then {content(saved) or 'none'}, now {content(identity) or 'none'}). Restore the "
+      f"old file, or start fresh: delete {where.parent} or use a new --workdir"
+    )
+  return None
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Refuses, before anything is written, a workdir that holds another run's results.
+
+  A workdir's config.json must describe the run whose results lie beside it.
+  A workdir with results.json, final_state.npz or checkpoints from a different
+  config (fields that change results: `checkpoint.config_differences`) is
+  refused, naming the fields; rerunning the same config resumes or rewrites
+  the same results. The checkpoints' own config is checked again on restore.
+  """
+  saved_path = workdir / "config.json"
+  holds_results = any((workdir / name).exists() for name in ("results.json", "final_state.npz", "checkpoints"))
+  if not (saved_path.is_file() and holds_results):
+    return
+  try:
+    saved = json.loads(saved_path.read_text())
+  except (OSError, ValueError) as e:
+    raise ValueError(f"refusing to reuse {workdir}: its config.json cannot be read ({e}); use a new --workdir") from e
+  differences = checkpoint.config_differences(saved, _config_json(config), saved_as="workdir")
+  if differences:
+    raise ValueError(
+      f"refusing to reuse {workdir}: it holds the results of a run whose config differs in "
+      + "; ".join(differences)
+      + ". Rerun with the same config, or use a new --workdir."
+    )
+
+
+def _lossy_note(tasks) -> str:
+  return "; LOSSY stand-in: not the real dataset" if tasks.lossy else ""
+
+
+def fmt_duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path, is_main: bool) -> None:
+  workdir.mkdir(parents=True, exist_ok=True)
+  if is_main:
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+  """Everything that can refuse the run, before anything is written: returns the config to run
+  (GABA T resolved), the tasks and the pretrained model (or None)."""
+  schema.validate_config(config)
+  pre = None
+  if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
+    pre = pretrained.load(config.pretrained, config.get("pretrained_index", 0))
+    pretrained.check_compatible(config.model, pre, field_prefix="config.model.")
+  identity = schema.data_identity(config)  # once per session: a keyless file is hashed
+  if pre is not None:
+    note = pretrained.check_same_embedder(pre, identity)
+    if note:
+      logging.warning(note)
+  tasks = schema.build_tasks(config).replace(identity=identity)
+  config = schema.check_against_data(config, tasks)
+  check_workdir(config, workdir)
+  return config, tasks, pre
+
+
+def _config_json(config: ml_collections.ConfigDict) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+  """Runs the class-incremental protocol for every seed (one program) and writes the results.
+
+  Everything that can refuse the run does so before anything is written:
+  the config (`validate_config`), the pretrained model, the data (loaded
+  first; `check_against_data`), the workdir (`check_workdir`) and its
+  checkpoints' config. A refused run leaves the workdir byte for byte as it was.
+  """
+  start_time = time.time()
+  workdir = pathlib.Path(workdir)
+  config, tasks, pre = _prepare(config, workdir)
+  is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
+  if config.model.kind == "flymodel":
+    _write_config(config, workdir, is_main)
+    return run_flymodel(config, workdir, tasks=tasks, start=start_time)
+  spec = schema.model_spec(config)
+  if config.model.get("gaba_switch_epochs", 0.0) > 0:
+    logging.info(
+      f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
+      f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)"
+    )
+  tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
+  states = train.init_states(
+    np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks
+  )
+  if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
+    states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
+    logging.info(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
+  # Device mesh (sdm_jax/mesh.py): seeds padded to a multiple of its seed axis and split over it;
+  # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
+  mesh = schema.mesh_of(config)
+  states = mesh_lib.to_mesh(states, mesh)
+  tasks = tasks.replace(
+    **{name: mesh_lib.to_mesh(getattr(tasks, name), mesh, seed_axis=tasks.seed_axis) for name in continual.TASK_ARRAYS}
+  )
+  engine = continual.make_engine(
+    spec,
+    tx,
+    schema.schedule_of(config),
+    seed_axis=tasks.seed_axis,
+    regularizer=regularizer,
+    sparse_sgd=schema.sparse_step_for(config, spec),
+    mesh=mesh,
+  )
+  # Every process builds the manager at the same point (orbax synchronises processes there); it
+  # is read before config.json is written, so a refused resume leaves the workdir as it was.
+  checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2), create=False)
+  # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
+  restored = checkpoint.restore_latest(
+    checkpoints, mesh_lib.unpad(states, len(config.seeds), mesh), _config_json(config)
+  )
+  note = (
+    None
+    if restored is None
+    else check_same_data(restored.progress, tasks.identity, pathlib.Path(checkpoints.directory) / str(restored.step))
+  )
+  _write_config(config, workdir, is_main)
+  (workdir / "checkpoints").mkdir(exist_ok=True)
+  progress, elapsed_before = continual.Progress.start(len(config.seeds), tasks.num_tasks), 0.0
+  if restored is not None:
+    if note:
+      logging.warning(note)
+    states, progress, elapsed_before = _resume(restored, checkpoints, mesh, tasks, config)
+  return _train(
+    config,
+    workdir,
+    engine,
+    states,
+    tasks,
+    progress,
+    checkpoints=checkpoints,
+    mesh=mesh,
+    elapsed_before=elapsed_before,
+    is_main=is_main,
+  )
+
+
+def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.Tasks, config):
+  """(states on the mesh, progress, training time of earlier sessions) from a restored checkpoint;
+  unreadable newer checkpoints are set aside, each with one line in the log."""
+  where = pathlib.Path(checkpoints.directory) / str(restored.step)
+  for (bad, reason), moved in zip(restored.unreadable, checkpoint.set_aside(checkpoints, restored.unreadable)):
+    logging.warning(
+      f"checkpoint {bad} could not be restored ({reason}); falling back to {where.name}; "
+      f"the unreadable one is kept in {moved}"
+    )
+  progress = continual.Progress.from_json(restored.progress)
+  total = schema.schedule_of(config).blocks_per_task * tasks.num_tasks
+  elapsed = restored.progress["elapsed_s"]
+  logging.info(
+    f"resuming from {where}: {progress.blocks_done} of {total} evaluation blocks done "
+    f"({fmt_duration(elapsed)} of training so far)"
+  )
+  return mesh_lib.pad(restored.states, mesh), progress, elapsed
+
+
+@dataclasses.dataclass
+class _Speed:
+  """Steps per second over this session's blocks after the first (which includes compilation)."""
+
+  steps_per_block: list
+  blocks_per_task: int
+  seconds: float = 0.0
+  steps: int = 0
+  blocks: int = 0
+
+  def update(self, dt: float, task: int) -> None:
+    self.blocks += 1
+    if self.blocks > 1:
+      self.seconds, self.steps = self.seconds + dt, self.steps + self.steps_per_block[task]
+
+  def line(self, num_seeds: int, task: int, block_in_task: int) -> str:
+    if not self.seconds:
+      return "rate and ETA from the next block (this one compiled)"
+    rate = self.steps / self.seconds
+    remaining = sum(self.steps_per_block[task + 1 :]) * self.blocks_per_task + self.steps_per_block[task] * (
+      self.blocks_per_task - block_in_task - 1
+    )
+    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {fmt_duration(remaining / rate)}"
+
+
+def _progress_line(block: continual.Block, progress: continual.Progress, config, speed: _Speed) -> str:
+  num_tasks, seeds = progress.acc.shape[1], len(config.seeds)
+  last = block.rows
+  spread = f" ±{metrics.sem(block.full):.4f}" if seeds > 1 else ""
+  return (
+    f"task {block.task + 1}/{num_tasks} epoch {block.epoch_in_task}/{config.epochs_per_task} | "
+    f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
+    f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
+    f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
+    + ("sparse step | " if block.ran_sparse else "")
+    + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1)
+  )
+
+
+def _train(
+  config,
+  workdir: pathlib.Path,
+  engine: continual.Engine,
+  states,
+  tasks: continual.Tasks,
+  progress: continual.Progress,
+  *,
+  checkpoints,
+  mesh,
+  elapsed_before: float,
+  is_main: bool,
+) -> dict:
+  """The task loop (`continual.run`) and what happens around it: curves, checkpoints, log, results."""
+  seeds, schedule, config_json = list(config.seeds), schema.schedule_of(config), _config_json(config)
+  checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
+  speed = _Speed(schedule.steps_per_block(tasks), schedule.blocks_per_task)
+  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, progress.curves)
+  start, status, failure = time.time(), "running", None
+
+  def save(states):
+    saved = dict(progress.to_json(), elapsed_s=elapsed_before + time.time() - start, data_identity=tasks.identity)
+    checkpoint.save(checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved, config_json)
+
+  spec = engine.spec
+  logging.info(
+    f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
+    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
+    f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
+    f"backend {jax.default_backend()}"
+  )
+  try:
+    t0 = time.time()
+    for states, block in continual.run(engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host):
+      speed.update(time.time() - t0, block.task)
+      writer.write_rows(block.rows)
+      if block.first_sparse:
+        logging.info(
+          f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
+          f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
+          "(exact, see sdm_jax/sparse.py)"
+        )
+      if block.warning:
+        logging.warning(block.warning)
+      if block.task_end or progress.blocks_done % checkpoint_every == 0:
+        save(states)
+      logging.info(_progress_line(block, progress, config, speed))
+      t0 = time.time()
+    status = "finished"
+    final_states = mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh))  # (every process gathers)
+    if is_main:
+      final_state.save(workdir / "final_state.npz", final_states, seeds, data=tasks.identity)
+  except BaseException as e:
+    if status == "running":
+      status, failure = "failed", (str(e) if isinstance(e, FloatingPointError) else f"{type(e).__name__}: {e}")
+    raise
+  finally:
+    writer.close()
+    results = _results(config, spec, tasks, progress, elapsed_before + time.time() - start, status, failure)
+    if is_main:
+      (workdir / "results.json").write_text(json.dumps(results, indent=2))
+  _log_final(results, workdir, tasks)
+  return results
+
+
+def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
+  summary = results["summary"]
+  logging.info(
+    f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
+    + (
+      f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
+      if summary["num_seeds"] > 1
+      else ""
+    )
+    + f"; wall time {fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
+    + _lossy_note(tasks)
+  )
+
+
+def run_flymodel(
+  config: ml_collections.ConfigDict,
+  workdir: pathlib.Path,
+  *,
+  tasks: continual.Tasks | None = None,
+  start: float | None = None,
+) -> dict:
+  """FlyModel: one closed-form pass per task, every seed in one vmapped program.
+
+  As the authors' FlyModel/TestingFlyModel.ipynb (paper App. G.2; docs/reference_code.md#flymodel).
+  `model.neurons` Kenyon cells, `model.n_response` inputs per cell, readout
+  learning rate `optimizer.learning_rate`; epochs, batch size and the
+  optimiser do not apply (one pass, no backpropagation). `tasks`: from
+  `build_tasks` (loaded here when None), with the data file's identity.
+  `start`: the run's start time (default now), for the wall time.
+  """
+  start = time.time() if start is None else start
+  if tasks is None:
+    tasks = schema.build_tasks(config).replace(identity=schema.data_identity(config))
+  seeds, m = list(config.seeds), config.model
+  logging.info(
+    f"sdm_jax: {config.dataset} ({tasks.source}), {tasks.num_tasks} tasks, FlyModel {m.neurons} Kenyon cells, "
+    f"{m.n_response} inputs each, lr {config.optimizer.learning_rate}, seeds {seeds} (one pass per task)"
+  )
+  run = functools.partial(
+    flymodel.run_split,
+    n_kc=m.neurons,
+    n_response=m.n_response,
+    lr=config.optimizer.learning_rate,
+    num_classes=config.num_classes,
+  )
+  data = [getattr(tasks, name) for name in continual.TASK_ARRAYS]
+  keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
+  if train.resolve_seed_loop("auto") == "map":  # CPU: one seed after another (see train.resolve_seed_loop)
+    if tasks.seed_axis:
+      over_seeds = lambda keys, *data: jax.lax.map(lambda args: run(*args), (keys, *data))
+    else:
+      over_seeds = lambda keys, *data: jax.lax.map(lambda key: run(key, *data), keys)
+  else:
+    over_seeds = jax.vmap(run, in_axes=(0,) + (0 if tasks.seed_axis else None,) * len(data))
+  acc = np.asarray(jax.jit(over_seeds)(keys, *data))
+  progress = continual.Progress(acc, np.zeros_like(acc), blocks_done=tasks.num_tasks)
+  results = _results(config, None, tasks, progress, time.time() - start, "finished", None, blocks_per_task=1)
+  (workdir / "results.json").write_text(json.dumps(results, indent=2))
+  _log_final(results, workdir, tasks)
+  return results
+
+
+def _results(
+  config,
+  spec,
+  tasks: continual.Tasks,
+  progress: continual.Progress,
+  wall: float,
+  status: str,
+  failure: str | None,
+  *,
+  blocks_per_task: int | None = None,
+) -> dict:
+  """results.json: the run (status, wall time, machine, data, model) and `continual.summarize`."""
+  blocks_per_task = blocks_per_task or schema.schedule_of(config).blocks_per_task
+  summary = continual.summarize(progress, tasks, list(config.seeds), blocks_per_task, task_incremental=spec is not None)
+  return dict(
+    status=status,
+    failure=failure,
+    wall_time_s=wall,
+    machine=_machine(),
+    epochs_per_task=config.epochs_per_task,
+    tasks_finished=summary["tasks_finished"],
+    dataset=dict(name=config.dataset, source=tasks.source, lossy=tasks.lossy, identity=tasks.identity),
+    pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
+    model=dict(
+      kind=config.model.kind,
+      neurons=config.model.neurons,
+      k=spec.k if spec else None,
+      k_schedule=spec.k_schedule if spec else None,
+      n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
+      regularizer=config.regularizer.method if config.get("regularizer") else "none",
+    ),
+    summary=summary["summary"],
+    per_seed=summary["per_seed"],
+    warnings=summary["warnings"],
+  )
+
+
+def _machine() -> str:
+  return (
+    f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+    f"jax {jax.__version__} ({jax.default_backend()})"
+  )

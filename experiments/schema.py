@@ -1,0 +1,380 @@
+"""The config schema of a continual run: its fields' validation, and the specs the library takes.
+
+`experiments/configs/split_mnist.py` documents every field. The library
+(`sdm_jax/`) takes no config: this module turns a config into what it does
+take (`models.ModelSpec`, `regularizers.RegularizerSpec`, an optax chain,
+a `continual.Schedule`, a device mesh, `continual.Tasks`), and refuses a bad
+config before anything is written or compiled, naming the field
+(`config.<field>: ...`). The driver (`experiments/driver.py`) runs it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from sdm_jax import data as data_lib
+from sdm_jax import mesh as mesh_lib
+from sdm_jax import continual, layers, models, optim, regularizers, sparse, train
+from sdm_jax.data import embeddings
+
+# Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
+# checked when loaded; `data_dir` = the embedding file, sdm_jax/data/embeddings.py).
+DATASETS = {
+  "mnist": 784,
+  "fashion_mnist": 784,
+  "cifar10": 3072,
+  "cifar10_jpeg": 3072,
+  "cifar100": 3072,
+  "imagenet32": 3072,
+  "embeddings": None,
+}
+MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
+# ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
+# seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
+CLASS_ORDERS = ("ordinal", "by_seed", "reference")
+TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
+
+
+def _fail(field: str, message: str):
+  raise ValueError(f"config.{field}: {message}")
+
+
+# Integer fields (a float or bool here would fail deep inside JAX, or silently truncate).
+INT_FIELDS = (
+  "num_classes",
+  "classes_per_task",
+  "epochs_per_task",
+  "eval_every",
+  "batch_size",
+  "checkpoint_every_epochs",
+  "keep_checkpoints",
+  "pretrained_index",
+  "model.input_size",
+  "model.num_classes",
+  "model.neurons",
+  "model.k",
+  "model.k_max",
+  "model.k_transition_epochs",
+  "model.n_response",
+)
+
+
+def _leaves(config, prefix=""):
+  for name, value in config.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      yield from _leaves(value, prefix + name + ".")
+    else:
+      yield prefix + name, value
+
+
+def _validate_values(config: ml_collections.ConfigDict) -> None:
+  """Types and ranges that hold for every field: finite numbers, integer counts, integer seeds."""
+  leaves = dict(_leaves(config))
+  for field, value in leaves.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      _fail(field, f"must be a finite number, got {value}")
+    if field in INT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+      _fail(field, f"must be an integer, got {value!r}")
+  seeds = config.seeds
+  if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (tuple, list)):
+    _fail("seeds", f"must be a tuple of integers, e.g. --config.seeds='(0,1,2)', got {seeds!r}")
+  for seed in seeds:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      _fail("seeds", f"must be integers, got {seed!r} in {tuple(seeds)}")
+    if not 0 <= seed < 2**32:  # numpy's RandomState (the class orders) takes no other
+      _fail("seeds", f"must be in [0, 2**32), got {seed} in {tuple(seeds)}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the offending field. Runs before anything is written or compiled.
+
+  What needs the data (batch size against the smallest task, GABA T from
+  `model.gaba_switch_epochs`) is checked once it is loaded (`check_against_data`).
+  """
+  _validate_values(config)
+  if config.dataset not in DATASETS:
+    _fail("dataset", f"unknown dataset {config.dataset!r}; choose one of {sorted(DATASETS)}")
+  source = config.get("data_source", "local")
+  if source not in data_lib.SOURCES:
+    _fail("data_source", f"must be one of {data_lib.SOURCES}, got {source!r}")
+  if source == "tfds" and config.dataset not in ("mnist", "fashion_mnist"):
+    _fail("data_source", f"'tfds' applies to mnist and fashion_mnist; {config.dataset!r} has its own loader")
+  if source == "tfds" and not config.get("data_dir"):
+    _fail("data_dir", "data_source='tfds' downloads the dataset into data_dir: name a folder (--config.data_dir=DIR)")
+  _validate_model(config)
+  _validate_optimizer(config.optimizer)
+  _validate_regularizer(config.get("regularizer"))
+  _validate_run(config)
+
+
+def _validate_model(config: ml_collections.ConfigDict) -> None:
+  m = config.model
+  if m.kind not in MODEL_KINDS:
+    _fail("model.kind", f"unknown model {m.kind!r}; choose one of {MODEL_KINDS}")
+  if DATASETS[config.dataset] is not None and m.input_size != DATASETS[config.dataset]:
+    _fail(
+      "model.input_size", f"{m.input_size} does not match {config.dataset} inputs ({DATASETS[config.dataset]} features)"
+    )
+  if m.neurons <= 0:
+    _fail("model.neurons", f"must be positive, got {m.neurons}")
+  if m.k_schedule not in models.K_SCHEDULES:
+    _fail("model.k_schedule", f"unknown schedule {m.k_schedule!r}; choose one of {models.K_SCHEDULES}")
+  if m.inhibition not in models.INHIBITIONS:
+    _fail("model.inhibition", f"unknown inhibition {m.inhibition!r}; choose one of {models.INHIBITIONS}")
+  if m.kind == "flymodel":
+    if not 1 <= m.get("n_response", 0) <= m.input_size:
+      _fail("model.n_response", f"inputs per Kenyon cell must be in [1, {m.input_size}], got {m.get('n_response')}")
+    if m.neurons < 100:
+      _fail("model.neurons", f"the FlyModel keeps the top 1% of Kenyon cells: needs >= 100, got {m.neurons}")
+  elif m.kind != "relu" and m.k_schedule != "none":
+    if not 1 <= m.k < m.neurons:
+      _fail("model.k", f"k must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
+    if m.k_max < 0:
+      _fail("model.k_max", f"must be >= 0 (0: neurons), got {m.k_max}")
+    if m.k_max and m.k_max < m.k:
+      _fail("model.k_max", f"k_target (model.k = {m.k}) > k_max ({m.k_max})")
+    if m.k_max and m.k_max > m.neurons:
+      _fail("model.k_max", f"k_max ({m.k_max}) > neurons ({m.neurons})")
+    if m.k_schedule == "gaba" and m.gaba_switch_activations <= 0:
+      _fail("model.gaba_switch_activations", f"must be positive, got {m.gaba_switch_activations}")
+    if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
+      _fail("model.k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
+  if m.get("gaba_switch_epochs", 0.0) < 0:
+    _fail(
+      "model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}"
+    )
+  if m.get("gaba_switch_epochs", 0.0) > 0 and (m.kind == "flymodel" or m.k_schedule != "gaba"):
+    _fail(
+      "model.gaba_switch_epochs",
+      f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
+      f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}",
+    )
+  if not 0.0 <= m.dropout < 1.0:
+    _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
+  if m.threshold_method not in layers.THRESHOLD_METHODS:
+    _fail("model.threshold_method", f"unknown method {m.threshold_method!r}")
+
+
+def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
+  if o.name not in optim.OPTIMIZERS:
+    _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optim.OPTIMIZERS}")
+  if not o.learning_rate > 0:
+    _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
+  if o.clip_norm < 0:
+    _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
+  if not 0.0 <= o.momentum < 1.0:
+    _fail("optimizer.momentum", f"must be in [0, 1), got {o.momentum}")
+  if o.weight_decay < 0:
+    _fail("optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
+
+
+def _validate_regularizer(r: ml_collections.ConfigDict | None) -> None:
+  if r is not None:
+    if r.method not in ("none",) + regularizers.METHODS:
+      _fail("regularizer.method", f"unknown regularizer {r.method!r}; choose one of {('none',) + regularizers.METHODS}")
+    if not 0.0 < r.decay <= 1.0:
+      _fail("regularizer.decay", f"must be in (0, 1], got {r.decay}")
+    if r.method != "none" and not r.strength > 0:
+      _fail("regularizer.strength", f"must be > 0 with regularizer {r.method!r}, got {r.strength}")
+    if not r.beta > 0:
+      _fail("regularizer.beta", f"must be > 0, got {r.beta}")
+    if r.fisher not in regularizers.FISHER_ESTIMATORS:
+      _fail("regularizer.fisher", f"must be one of {regularizers.FISHER_ESTIMATORS}, got {r.fisher!r}")
+    if r.fisher_labels not in regularizers.FISHER_LABELS:
+      _fail("regularizer.fisher_labels", f"must be one of {regularizers.FISHER_LABELS}, got {r.fisher_labels!r}")
+    if r.si_variant not in regularizers.SI_VARIANTS:
+      _fail("regularizer.si_variant", f"must be one of {regularizers.SI_VARIANTS}, got {r.si_variant!r}")
+
+
+def _validate_run(config: ml_collections.ConfigDict) -> None:
+  """Schedule, seeds, classes, checkpoints, mesh and pretraining fields."""
+  m, r = config.model, config.get("regularizer")
+  if config.get("checkpoint_every_epochs", 50) <= 0:
+    _fail("checkpoint_every_epochs", f"must be positive, got {config.checkpoint_every_epochs}")
+  if config.get("keep_checkpoints", 2) < 1:
+    _fail("keep_checkpoints", f"must be >= 1, got {config.keep_checkpoints}")
+  if config.get("train_step", "auto") not in TRAIN_STEPS:
+    _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
+  if config.epochs_per_task <= 0:
+    _fail("epochs_per_task", f"must be positive, got {config.epochs_per_task}")
+  if config.eval_every <= 0 or config.epochs_per_task % config.eval_every:
+    _fail(
+      "eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), got {config.eval_every}"
+    )
+  if config.batch_size <= 0:
+    _fail("batch_size", f"must be positive, got {config.batch_size}")
+  if not config.seeds:
+    _fail("seeds", "needs at least one seed")
+  if len(set(config.seeds)) != len(config.seeds):
+    _fail("seeds", f"seeds must be distinct, got {tuple(config.seeds)}")
+  if config.class_order not in CLASS_ORDERS:
+    _fail("class_order", f"must be one of {CLASS_ORDERS}, got {config.class_order!r}")
+  if config.classes_per_task < 1 or config.num_classes < config.classes_per_task:
+    _fail("classes_per_task", f"must be in [1, num_classes = {config.num_classes}], got {config.classes_per_task}")
+  if config.num_classes % config.classes_per_task:
+    _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
+  if config.num_classes != m.num_classes:
+    _fail("model.num_classes", f"{m.num_classes} != num_classes {config.num_classes}")
+  mesh = mesh_of(config)  # raises naming config.mesh.seed / config.mesh.data
+  data_shards = mesh.shape[mesh_lib.DATA] if mesh is not None else 1
+  if config.batch_size % data_shards:
+    _fail("mesh.data", f"{data_shards} does not divide batch_size {config.batch_size}")
+  if data_shards > 1 and r is not None and r.method == "si":
+    _fail("mesh.data", "SI's path integral is not data-parallel; use mesh.data = 1")
+  if config.get("pretrain_variant") and not config.get("pretrained"):
+    _fail(
+      "pretrained",
+      f"this row starts from the pretrain {config.pretrain_variant!r}: run `python -m "
+      f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
+      "--workdir=DIR` and pass --config.pretrained=DIR (or --config.pretrain_variant='' for no pretraining)",
+    )
+  if config.get("pretrained") and m.kind == "flymodel":
+    _fail("pretrained", "the FlyModel has no learned hidden layer to pretrain")
+  if config.get("pretrained_index", 0) < 0:
+    _fail("pretrained_index", f"must be >= 0, got {config.pretrained_index}")
+
+
+def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
+  m = config.model
+  common = dict(
+    input_size=m.input_size, neurons=m.neurons, num_classes=m.num_classes, threshold_method=m.threshold_method
+  )
+  if m.kind == "relu":
+    return models.relu_mlp(dropout=m.dropout, **common)
+  fields = dict(
+    k=m.k,
+    k_schedule=m.k_schedule,
+    inhibition=m.inhibition,
+    gaba_switch_activations=float(m.gaba_switch_activations),
+    k_max=m.k_max or None,
+    k_transition_epochs=m.k_transition_epochs,
+    hidden_bias=m.hidden_bias,
+    output_bias=m.output_bias,
+    positive_weights=m.positive_weights,
+    l2_norm=m.l2_norm,
+    dropout=m.dropout,
+  )
+  if m.kind == "topk":
+    return models.topk_mlp(**{**common, **fields})
+  return models.sdmlp(**{**common, **fields})
+
+
+def regularizer_spec(config: ml_collections.ConfigDict):
+  """The run's `regularizers.RegularizerSpec`, or None for `regularizer.method = "none"`."""
+  r = config.get("regularizer")
+  if r is None or r.method == "none":
+    return None
+  return regularizers.RegularizerSpec(
+    method=r.method,
+    strength=float(r.strength),
+    beta=float(r.beta),
+    fisher=r.fisher,
+    fisher_labels=r.fisher_labels,
+    online=bool(r.online),
+    decay=float(r.decay),
+    si_variant=r.si_variant,
+  )
+
+
+def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
+  """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
+  o = config.optimizer
+  if config.get("train_step", "auto") != "auto" or not sparse.eligible(
+    spec, optimizer=o.name, weight_decay=o.weight_decay, regularized=regularizer_spec(config) is not None
+  ):
+    return None
+  if train.resolve_seed_loop("auto") != "map":
+    return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
+  if mesh_lib.data_axis(mesh_of(config)) is not None:
+    return None  # the sparse step is not data-parallel
+  return sparse.SparseSGD(o.learning_rate, o.clip_norm or None)
+
+
+def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
+  o = config.optimizer
+  return optim.for_model(
+    spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum, weight_decay=o.weight_decay
+  )
+
+
+def data_identity(config: ml_collections.ConfigDict) -> dict | None:
+  """The run's data file beyond its path (`embeddings.identity`), or None for the pixel datasets.
+
+  Only embedding files are fingerprinted: they are the files that get
+  remade in place (a retrained embedder), and they carry their key, so this is
+  cheap. The pixel loaders check their own files; hashing them every run would not be.
+  """
+  if config.dataset != "embeddings" or not config.get("data_dir"):
+    return None
+  return embeddings.identity(config.data_dir)
+
+
+def load_data(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The run's dataset (`data.load_dataset`) from `dataset`, `data_dir` and `data_source`."""
+  source = config.get("data_source", "local")
+  return data_lib.load_dataset(
+    config.dataset,
+    config.data_dir or None,
+    **({"source": source} if config.dataset in ("mnist", "fashion_mnist") else {}),
+  )
+
+
+def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
+  """Loads the dataset and splits it into the run's tasks (`continual.split_tasks`), on the device.
+
+  The arrays have a leading seed axis unless `class_order` is "ordinal" (every seed the same order).
+  """
+  dataset = load_data(config)
+  features = int(np.prod(dataset["train_images"].shape[1:]))
+  if features != config.model.input_size:
+    _fail(
+      "model.input_size",
+      f"{config.model.input_size} does not match the {features} features of "
+      f"{config.dataset} ({dataset.get('source', config.data_dir)})",
+    )
+  ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
+  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
+  return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=config.class_order != "ordinal")
+
+
+def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks) -> ml_collections.ConfigDict:
+  """What validation needs the data for; returns the config to run, with GABA T resolved.
+
+  Raises ValueError naming the field if `batch_size` exceeds the smallest
+  task (`continual.check_batch_size`). With `model.gaba_switch_epochs = E > 0`,
+  returns a copy whose `model.gaba_switch_activations` is
+  `continual.gaba_switch_activations(tasks, E)` (the quick schedule's T = 500K
+  is E = 39.5 on Split MNIST).
+  """
+  if config.model.kind != "flymodel":  # (one pass, no batches)
+    try:
+      continual.check_batch_size(tasks, config.batch_size)
+    except ValueError as e:
+      _fail("batch_size", str(e))
+  epochs = float(config.model.get("gaba_switch_epochs", 0.0))
+  if epochs <= 0:
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.gaba_switch_activations = continual.gaba_switch_activations(tasks, epochs)
+  return config
+
+
+def schedule_of(config: ml_collections.ConfigDict) -> continual.Schedule:
+  return continual.Schedule(config.epochs_per_task, config.eval_every, config.batch_size)
+
+
+def mesh_of(config: ml_collections.ConfigDict):
+  """The device mesh of `config.mesh` (fields `seed`, default -1 = all devices, and `data`,
+  default 1), or None when it would hold one device: the single-device path, unchanged."""
+  fields = config.get("mesh") or {}
+  unknown = set(fields) - set(mesh_lib.AXES)
+  if unknown:
+    _fail("mesh", f"unknown fields {sorted(unknown)}; the axes are {mesh_lib.AXES}")
+  try:
+    return mesh_lib.maybe_make_mesh(fields.get(mesh_lib.SEED, -1), fields.get(mesh_lib.DATA, 1))
+  except ValueError as e:
+    raise ValueError(f"config.mesh.{e}") from None

@@ -1,0 +1,67 @@
+"""Tests of experiments/schema.py: every shipped config validates, and a config becomes the library's specs."""
+
+import numpy as np
+import optax
+import pytest
+
+from experiments import schema
+from experiments.configs import split_mnist
+from sdm_jax import models, regularizers
+
+
+@pytest.mark.parametrize("variant", split_mnist.VARIANTS)
+@pytest.mark.parametrize("size", split_mnist.SIZES)
+def test_every_variant_validates(variant, size):
+  schema.validate_config(split_mnist.get_config(f"{variant},{size}"))
+
+
+def test_reference_defaults():
+  c = split_mnist.get_config("sdmlp")
+  assert (c.epochs_per_task, c.batch_size, c.optimizer.name, c.optimizer.learning_rate) == (500, 128, "sgd", 0.05)
+  assert (c.model.neurons, c.model.k, c.model.gaba_switch_activations, c.optimizer.clip_norm) == (1000, 10, 5e6, 1.0)
+  q = split_mnist.get_config("sdmlp,quick")
+  assert q.epochs_per_task == 50 and q.model.gaba_switch_activations == 5e5  # T scaled by 50/500
+  assert split_mnist.get_config("topk,quick").model.k_transition_epochs == 20
+  assert split_mnist.get_config("sdmlp_10k").model.k == 10  # k = 10 for 10K too (reference)
+
+
+def test_unknown_variant_and_size():
+  with pytest.raises(ValueError, match="unknown variant"):
+    split_mnist.get_config("sdm_xl")
+  with pytest.raises(ValueError, match="unknown size"):
+    split_mnist.get_config("sdmlp,huge")
+
+
+def test_a_config_becomes_the_specs_the_library_takes():
+  config = split_mnist.get_config("sdmlp_ewc,quick")
+  spec = schema.model_spec(config)
+  assert isinstance(spec, models.ModelSpec)
+  assert (spec.input_size, spec.neurons, spec.num_classes, spec.k) == (784, 1000, 10, 10)
+  assert spec.gaba_switch_activations == config.model.gaba_switch_activations
+  reg = schema.regularizer_spec(config)
+  assert isinstance(reg, regularizers.RegularizerSpec)
+  assert (reg.method, reg.strength, reg.beta) == ("ewc", config.regularizer.strength, config.regularizer.beta)
+  assert schema.regularizer_spec(split_mnist.get_config("sdmlp,quick")) is None
+  schedule = schema.schedule_of(config)
+  assert (schedule.epochs_per_task, schedule.eval_every, schedule.batch_size) == (50, config.eval_every, 128)
+  assert schema.mesh_of(config) is None  # one device
+
+
+def test_make_tx_adds_the_sdm_projection_for_sdmlp_only():
+  """One SGD step from the same weights: SDMLP's chain ends with the projection onto the
+  constraint (unit-norm columns, non-negative weights); ReLU's leaves the plain SGD update."""
+  rng = np.random.default_rng(0)
+  params = {"hidden": {"kernel": np.abs(rng.normal(size=(6, 4))).astype(np.float32)}}
+  grads = {"hidden": {"kernel": rng.normal(size=(6, 4)).astype(np.float32)}}
+  for variant in ("sdmlp", "relu"):
+    config = split_mnist.get_config(f"{variant},quick")
+    config.optimizer.clip_norm = 0.0
+    tx = schema.make_tx(config, schema.model_spec(config))
+    updates, _ = tx.update(grads, tx.init(params), params)
+    new = np.asarray(optax.apply_updates(params, updates)["hidden"]["kernel"])
+    sgd = params["hidden"]["kernel"] - config.optimizer.learning_rate * grads["hidden"]["kernel"]
+    if variant == "relu":
+      np.testing.assert_allclose(new, sgd, rtol=1e-6)
+    else:
+      assert new.min() >= 0
+      np.testing.assert_allclose(np.linalg.norm(new, axis=0), 1.0, rtol=1e-5)
