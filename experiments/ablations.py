@@ -71,7 +71,8 @@ def main(argv):
   with (workdir / "ablations.md").open("a") as f:
     f.write("\n" + text)
   print(text)
-  studies.plot_dead_neurons(all_results, workdir / "dead_neurons.png", epochs_per_task=_EPOCHS.value)
+  curves = {row: tables.seed_curves(workdir / row, results) for row, results in all_results.items()}
+  studies.plot_dead_neurons(curves, workdir / "dead_neurons.png", epochs_per_task=_EPOCHS.value)
   studies.plot_final_accuracy(all_results, configs, workdir / "final_accuracy.png")
   print(f"figures: {workdir / 'dead_neurons.png'}, {workdir / 'final_accuracy.png'}")
 

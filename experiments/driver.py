@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import mesh as mesh_lib
-from sdm_jax import checkpoint, continual, final_state, flymodel, metrics, pretrained, train
+from sdm_jax import checkpoint, continual, final_state, flymodel, metric_writers, metrics, pretrained, train
 from experiments import schema
 
 
@@ -233,6 +233,19 @@ def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.T
   return mesh_lib.pad(restored.states, mesh), progress, elapsed
 
 
+def _earlier_rows(workdir: pathlib.Path, progress: continual.Progress, num_seeds: int) -> list[dict]:
+  """The curve rows of the evaluations a resumed checkpoint has done, read back from metrics.csv
+  (their one store; rows written after the checkpoint are dropped, to be written again)."""
+  path, expected = workdir / "metrics.csv", progress.blocks_done * num_seeds
+  rows = metric_writers.read_rows(path)[:expected] if path.is_file() else []
+  if len(rows) < expected:
+    logging.warning(
+      f"{path} holds {len(rows)} of the {expected} curve rows written before the checkpoint; "
+      "the curves of the evaluations it lacks are lost (the results and checkpoints are not affected)"
+    )
+  return rows
+
+
 @dataclasses.dataclass
 class _Speed:
   """Steps per second over this session's blocks after the first (which includes compilation)."""
@@ -289,7 +302,8 @@ def _train(
   seeds, schedule, config_json = list(config.seeds), schema.schedule_of(config), _config_json(config)
   checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
   speed = _Speed(schedule.steps_per_block(tasks), schedule.blocks_per_task)
-  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, progress.curves)
+  earlier = _earlier_rows(workdir, progress, len(seeds)) if is_main else []
+  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, earlier)
   start, status, failure = time.time(), "running", None
 
   def save(states):

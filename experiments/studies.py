@@ -35,26 +35,27 @@ def ablation_configs(rows, *, dataset: str, epochs_per_task: int, seeds, data_di
 OPTIMIZER_ROWS = ("sgd", "sgdm", "adam", "rmsprop", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
 
 
-def plot_dead_neurons(all_results: dict, path: pathlib.Path, *, epochs_per_task: int) -> None:
-  """Units silent on the current task (mean over seeds) against epoch: optimisers left, the rest right."""
+def plot_dead_neurons(curves: dict, path: pathlib.Path, *, epochs_per_task: int) -> None:
+  """Units silent on the current task (mean over seeds) against epoch: optimisers left, the rest
+  right. `curves`: {row: its curve rows per seed (`tables.seed_curves`)}."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-  groups = ([r for r in all_results if r in OPTIMIZER_ROWS], [r for r in all_results if r not in OPTIMIZER_ROWS])
+  groups = ([r for r in curves if r in OPTIMIZER_ROWS], [r for r in curves if r not in OPTIMIZER_ROWS])
   titles = ("(a) optimisers (dashed: lazy)", "(b) model ablations")
   last_epoch = 0
   for ax, rows, title in zip(axes, groups, titles):
     colors = plt.cm.tab10(np.arange(10))
     for i, row in enumerate(rows):
-      curves = [s["curves"] for s in all_results[row]["per_seed"] if s["curves"]]
-      if not curves:
+      per_seed = curves[row]
+      if not per_seed:
         continue
-      epochs = [c["epoch"] for c in curves[0]]
+      epochs = [c["epoch"] for c in per_seed[0]]
       last_epoch = max(last_epoch, max(epochs))
-      dead = np.mean([[c["dead_fraction"] for c in seed_curves] for seed_curves in curves], axis=0)
+      dead = np.mean([[c["dead_fraction"] for c in rows] for rows in per_seed], axis=0)
       base = row.removeprefix("lazy_")
       color = colors[OPTIMIZER_ROWS.index(base) % 10] if row in OPTIMIZER_ROWS else colors[i % 10]
       ax.plot(epochs, dead, "--" if row.startswith("lazy_") else "-", marker=".", color=color, label=row)

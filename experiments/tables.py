@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from sdm_jax import checkpoint, metrics
+from sdm_jax import checkpoint, metric_writers, metrics
 from experiments import driver, schema
 
 
@@ -92,10 +92,22 @@ HEADER = (
 )
 
 
-def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str) -> None:
-  """Left: full-test accuracy (mean over seeds) during training, per row, task boundaries in grey
-  (rows trained as one task, e.g. the Oracle, and one-pass rows have no curve). Right: final
-  accuracy per row, mean ± s.e.m. over seeds, with the paper's value as a red tick."""
+def seed_curves(workdir: pathlib.Path, results: dict | None = None) -> list[list[dict]]:
+  """A run's curve rows grouped per seed, from its metrics.csv (results.json written before the
+  curves moved there held them per seed: read those when there is no metrics.csv)."""
+  path = pathlib.Path(workdir) / "metrics.csv"
+  if not path.is_file():
+    return [s["curves"] for s in (results or {}).get("per_seed", []) if s.get("curves")]
+  rows = metric_writers.read_rows(path)
+  seeds = list(dict.fromkeys(row["seed"] for row in rows))
+  return [[row for row in rows if row["seed"] == seed] for seed in seeds]
+
+
+def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str, curves: dict) -> None:
+  """Left: full-test accuracy (mean over seeds) during training, per row (`curves`: {row:
+  `seed_curves`}), task boundaries in grey (rows trained as one task, e.g. the Oracle, and one-pass
+  rows have no curve). Right: final accuracy per row, mean ± s.e.m. over seeds, with the paper's
+  value as a red tick."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -106,11 +118,11 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   boundaries = set()
   for i, (row, results) in enumerate(all_results.items()):
     config = configs[row]
-    seed_curves = [s["curves"] for s in results["per_seed"] if s.get("curves")]
-    if not seed_curves or config.classes_per_task == config.num_classes:
+    per_seed = curves.get(row) or []
+    if not per_seed or config.classes_per_task == config.num_classes:
       continue
-    epochs = [c["epoch"] for c in seed_curves[0]]
-    accuracy = np.mean([[c["full_accuracy"] for c in curves] for curves in seed_curves], axis=0)
+    epochs = [c["epoch"] for c in per_seed[0]]
+    accuracy = np.mean([[c["full_accuracy"] for c in rows] for rows in per_seed], axis=0)
     curves_ax.plot(epochs, accuracy, color=colors[i % 10], lw=1.2, label=row)
     boundaries.update(range(config.epochs_per_task, max(epochs), config.epochs_per_task))
   for boundary in boundaries:
@@ -223,6 +235,7 @@ def run_rows(
       {row: shown[row] for row in rows},
       (workdir / filename).with_suffix(".png"),
       title=title,
+      curves={row: seed_curves(workdir / row, done[row]) for row in rows},
     )
     return text
 

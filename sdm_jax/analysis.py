@@ -4,7 +4,7 @@ Synopsis::
 
     import json
     import ml_collections
-    from sdm_jax import analysis, data, final_state
+    from sdm_jax import analysis, data, final_state, metric_writers
     from experiments import schema
 
     run = "/tmp/an/sdmlp"  # a finished `python -m experiments.split_mnist ... --workdir=/tmp/an/sdmlp`
@@ -18,7 +18,7 @@ Synopsis::
     ent = analysis.neuron_class_entropy(stats.counts_entropy)
     print(ent.weighted_mean, ent.mean, ent.median)     # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
     print(analysis.alive_fraction(stats.counts), analysis.dead_fraction(stats.activity_sum))
-    curves = analysis.curves_over_seeds(analysis.read_metrics_csv(f"{run}/metrics.csv"))
+    curves = analysis.curves_over_seeds(metric_writers.read_rows(f"{run}/metrics.csv"))
 
 Everything here computes; nothing plots (experiments/analyze.py draws the
 figures). The definitions follow the authors' analysis code
@@ -43,7 +43,6 @@ and #dead-neurons):
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 import math
@@ -53,7 +52,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from sdm_jax import metrics
+from sdm_jax import metric_writers, metrics
 
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
 COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
@@ -200,12 +199,6 @@ def max_activating_class(max_activation, argmax_label) -> np.ndarray:
 # Curves from metrics.csv.
 
 
-def read_metrics_csv(path) -> list[dict[str, float]]:
-  """Rows of a run's metrics.csv with every value as a float."""
-  with open(path, newline="") as f:
-    return [{k: float(v) for k, v in row.items() if v not in (None, "")} for row in csv.DictReader(f)]
-
-
 class Curves(NamedTuple):
   """Per-evaluation curves averaged over seeds.
 
@@ -243,7 +236,7 @@ def curves_over_seeds(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] 
   """Mean ± s.e.m. over seeds of metrics.csv columns, per evaluation epoch.
 
   Args:
-    rows: metrics.csv rows (`read_metrics_csv`, or `results.json` per-seed "curves").
+    rows: metrics.csv rows (`metric_writers.read_rows`).
     columns: columns to average; default every column but seed, task, epoch.
 
   Returns:
@@ -524,6 +517,6 @@ def load_run(workdir) -> dict[str, Any]:
     workdir=workdir,
     config=json.loads(config_path.read_text()),
     results=json.loads(results_path.read_text()) if results_path.exists() else None,
-    rows=read_metrics_csv(metrics_path) if metrics_path.exists() else [],
+    rows=metric_writers.read_rows(metrics_path) if metrics_path.exists() else [],
     final_state=state if state.exists() else None,
   )

@@ -15,7 +15,7 @@ What is saved (one orbax checkpoint per save, `WORKDIR/checkpoints/<blocks done>
   GABA counters, epoch and step, PRNG key, regulariser anchors/importances and
   SI's path integral), restored bitwise;
 - `progress`: JSON with what the host loop needs to continue exactly where it
-  stopped (blocks done, the accuracy matrices and curves so far, elapsed wall
+  stopped (blocks done, the accuracy matrices so far, the last dead fractions, elapsed wall
   time, the sparse-step bookkeeping, and the data file's identity, which
   `driver.check_same_data` compares on resume: the config holds only its path);
 - `config`: the run's config, compared field by field on resume.

@@ -239,13 +239,15 @@ class Progress:
   """What the loop has done, beyond the states: everything a checkpoint needs to continue exactly.
 
   acc / acc_task_il: [S, T, T] accuracy after task i on task j (class-incremental; logits masked to
-  the task's classes); curves: one row per seed per evaluation; warnings: lines for the results.
+  the task's classes); dead_fraction: [S] at the last evaluation (None before the first);
+  warnings: lines for the results. The curves are not here: `run` yields them (`Block.rows`) for
+  the caller to write (metrics.csv, `curve_writers`), their one store.
   """
 
   acc: np.ndarray
   acc_task_il: np.ndarray
   blocks_done: int = 0
-  curves: list = dataclasses.field(default_factory=list)
+  dead_fraction: np.ndarray | None = None
   sparse: train.SparseSchedule = train.SparseSchedule()
   warnings: list = dataclasses.field(default_factory=list)
 
@@ -258,7 +260,7 @@ class Progress:
       blocks_done=self.blocks_done,
       acc=self.acc.tolist(),
       acc_task_il=self.acc_task_il.tolist(),
-      curves=self.curves,
+      dead_fraction=None if self.dead_fraction is None else self.dead_fraction.tolist(),
       sparse_started=self.sparse.started,
       active_last=self.sparse.active_last,
       sparse_retry_at=self.sparse.retry_at,
@@ -267,11 +269,15 @@ class Progress:
 
   @classmethod
   def from_json(cls, saved: dict) -> "Progress":
+    dead = saved.get("dead_fraction")
+    if "curves" in saved and saved["curves"]:  # saved by an older version, with the curves
+      num_seeds = len(saved["acc"])
+      dead = [row["dead_fraction"] for row in saved["curves"][-num_seeds:]]
     return cls(
       np.asarray(saved["acc"], float),
       np.asarray(saved["acc_task_il"], float),
       saved["blocks_done"],
-      list(saved["curves"]),
+      None if dead is None else np.asarray(dead, float),
       train.SparseSchedule(saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"]),
       list(saved.get("warnings", [])),
     )
@@ -286,7 +292,7 @@ class Block(NamedTuple):
   task: int  # counted from 0
   epoch_in_task: int
   task_end: bool
-  rows: list  # this block's curve rows, one per seed (also appended to progress.curves)
+  rows: list  # this block's curve rows, one per seed (the caller writes them: metrics.csv)
   full: np.ndarray  # accuracy on the whole test set, per seed
   seen: np.ndarray  # on the tasks seen so far
   loss: np.ndarray  # last epoch's training loss
@@ -397,7 +403,7 @@ def run(
     progress.blocks_done += 1
     _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
     rows, full, seen = _rows(seeds, task, counts, epoch_metrics, epochs_done, lam)
-    progress.curves += rows
+    progress.dead_fraction = np.asarray([row["dead_fraction"] for row in rows])
     task_end, warning = block == per_task - 1, None
     if task_end:
       progress.acc[:, task] = counts.correct / np.maximum(counts.count, 1)
@@ -429,8 +435,8 @@ def run(
 def summarize(
   progress: Progress, tasks: Tasks, seeds: Sequence[int], blocks_per_task: int, *, task_incremental: bool = True
 ) -> dict:
-  """The results of the seeds: per seed the accuracy matrices, curves and (once every task is done)
-  the paper's metrics (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy."""
+  """The results of the seeds: per seed the accuracy matrices, the last dead fraction and (once every
+  task is done) the paper's metrics (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy."""
   finished = progress.tasks_finished(blocks_per_task)
   per_seed = []
   for i, seed in enumerate(seeds):
@@ -438,7 +444,6 @@ def summarize(
       seed=seed,
       class_order=tasks.order_of(i),
       acc_matrix=progress.acc[i, :finished].tolist(),
-      curves=[c for c in progress.curves if c["seed"] == seed],
     )
     if task_incremental:
       entry["acc_matrix_task_incremental"] = progress.acc_task_il[i, :finished].tolist()
@@ -448,7 +453,7 @@ def summarize(
           progress.acc[i], progress.acc_task_il[i] if task_incremental else None, test_sizes=tasks.test_sizes_of(i)
         )
       )
-    entry["dead_fraction"] = entry["curves"][-1]["dead_fraction"] if entry["curves"] else None
+    entry["dead_fraction"] = None if progress.dead_fraction is None else float(progress.dead_fraction[i])
     per_seed.append(entry)
   finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
   summary = dict(
@@ -493,7 +498,8 @@ def fit(
   seeds: Sequence[int] = (0,),
   workdir: str | None = None,
 ) -> dict:
-  """Your own arrays through the class-incremental protocol; returns the results (as `summarize`).
+  """Your own arrays through the class-incremental protocol; returns the results (`summarize`) and
+  `curves`, the rows that metrics.csv holds (one per seed per evaluation).
 
   x: [N, ...] features or uint8 pixels (uint8 is scaled by 1/255, as MNIST); y: [N] integer
   labels 0..C-1. Without a test split the training data is evaluated on (say so when you report).
@@ -525,14 +531,15 @@ def fit(
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
   engine = make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
   progress = Progress.start(len(seeds), tasks.num_tasks)
-  writer = curve_writers(workdir, tasks.num_tasks)
+  writer, curves = curve_writers(workdir, tasks.num_tasks), []
   for states, block in run(engine, states, tasks, schedule, list(seeds), progress):
     writer.write_rows(block.rows)
+    curves += block.rows
   writer.close()
   results = summarize(progress, tasks, list(seeds), schedule.blocks_per_task)
   if workdir is not None:
     (pathlib.Path(workdir) / "results.json").write_text(json.dumps(results, indent=2))
-  return results
+  return dict(results, curves=curves)
 
 
 def curve_writers(workdir, num_tasks: int, earlier_rows=()) -> metric_writers.MultiWriter:

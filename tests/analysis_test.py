@@ -235,7 +235,6 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
         class_order=list(range(10)),
         acc_matrix=acc.tolist(),
         acc_matrix_task_incremental=acc.tolist(),
-        curves=[r for r in rows if r["seed"] == seed],
         final_accuracy=float(acc[-1].mean()),
         average_accuracy=float(acc[-1].mean()),
         forgetting=0.1,

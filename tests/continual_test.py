@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import continual, data, models
+from sdm_jax import continual, data, metric_writers, models
 from experiments import driver, schema
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -58,8 +58,8 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
   )
   for a, b in zip(configured["per_seed"], fitted["per_seed"]):
     np.testing.assert_array_equal(a["acc_matrix"], b["acc_matrix"])
-    assert a["curves"] == b["curves"]
   assert (tmp_path / "fit" / "metrics.csv").read_text() == (tmp_path / "run" / "metrics.csv").read_text()
+  assert fitted["curves"] == metric_writers.read_rows(tmp_path / "run" / "metrics.csv")
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import final_state
+from sdm_jax import final_state, metric_writers
 from experiments import driver
 from sdm_jax.data import embeddings
 
@@ -200,7 +200,9 @@ def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, c
   assert "continuing with the sparse SGD step" not in caplog.text
   for a, d in zip(auto["per_seed"], dense["per_seed"]):
     np.testing.assert_allclose(a["acc_matrix"], d["acc_matrix"], atol=2e-3)  # <= a few test examples
-    assert a["curves"][-1]["loss"] == pytest.approx(d["curves"][-1]["loss"], rel=1e-4)
+  last = [metric_writers.read_rows(tmp_path / run / "metrics.csv")[-2:] for run in ("auto", "dense")]
+  for a, d in zip(*last):
+    assert a["loss"] == pytest.approx(d["loss"], rel=1e-4)
 
 
 @pytest.mark.slow
@@ -287,7 +289,8 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
   saved = json.loads((tmp_path / "epochs" / "config.json").read_text())
   assert saved["model"]["gaba_switch_activations"] == 12_665.0 and saved["model"]["gaba_switch_epochs"] == 1.0
   assert results["warnings"] == []
-  end_of_task_1 = [c for c in results["per_seed"][0]["curves"] if c["task"] == 0][-1]
+  rows = metric_writers.read_rows(tmp_path / "epochs" / "metrics.csv")
+  end_of_task_1 = [c for c in rows if c["task"] == 0 and c["seed"] == results["per_seed"][0]["seed"]][-1]
   assert end_of_task_1["gaba_lambda_mean"] > 0.9
   # The quick default T (500K) on 2 epochs per task: never switches, and every task end says so.
   config = _tiny(epochs_per_task=2, **{"model.gaba_switch_activations": 5e5})
@@ -300,3 +303,23 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
 def test_gaba_switch_epochs_only_with_the_gaba_schedule(tmp_path):
   with pytest.raises(ValueError, match=r"config\.model\.gaba_switch_epochs: applies to the GABA switch only"):
     driver.train_and_evaluate(_tiny("relu", **{"model.gaba_switch_epochs": 5.0}), tmp_path / "run")
+
+
+def test_a_resumed_run_reads_its_earlier_curves_back_from_metrics_csv(tmp_path, caplog):
+  """Checkpoints hold no curves: the rows of the evaluations a checkpoint covers come back from
+  metrics.csv, rows written after it are dropped, and missing ones are reported."""
+  from sdm_jax import continual
+
+  fields = ["seed", "task", "epoch", "loss"]
+  writer = metric_writers.CsvWriter(tmp_path / "metrics.csv", fields)
+  rows = [dict(seed=s, task=0, epoch=e, loss=1.0 / e) for e in (1, 2, 3) for s in (4, 7)]
+  writer.write_rows(rows)
+  writer.close()
+  with (tmp_path / "metrics.csv").open("a") as f:
+    f.write("4,0,4")  # a row cut short by a kill: ignored
+  progress = continual.Progress.start(2, 5)
+  progress.blocks_done = 2
+  assert driver._earlier_rows(tmp_path, progress, 2) == rows[:4]
+  progress.blocks_done = 4
+  assert driver._earlier_rows(tmp_path, progress, 2) == rows
+  assert "holds 6 of the 8 curve rows written before the checkpoint" in caplog.text

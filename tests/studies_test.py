@@ -54,14 +54,9 @@ def test_row_configs_and_figures(tmp_path):
   configs = studies.ablation_configs(["sgd", "lazy_adam"], dataset="mnist", epochs_per_task=4, seeds=["0", "2"])
   assert configs["sgd"].seeds == (0, 2) and configs["lazy_adam"].epochs_per_task == 4
   curve = lambda seed, dead: [dict(seed=seed, epoch=e, dead_fraction=d) for e, d in zip(range(2, 21, 2), dead)]
-  fake = {
-    row: dict(
-      summary=dict(final_accuracy_mean=0.5, final_accuracy_sem=0.01),
-      per_seed=[dict(curves=curve(0, np.linspace(0, 0.3, 10))), dict(curves=curve(2, np.zeros(10)))],
-    )
-    for row in configs
-  }
-  studies.plot_dead_neurons(fake, tmp_path / "dead.png", epochs_per_task=4)
+  fake = {row: dict(summary=dict(final_accuracy_mean=0.5, final_accuracy_sem=0.01)) for row in configs}
+  curves = {row: [curve(0, np.linspace(0, 0.3, 10)), curve(2, np.zeros(10))] for row in configs}
+  studies.plot_dead_neurons(curves, tmp_path / "dead.png", epochs_per_task=4)
   studies.plot_final_accuracy(fake, configs, tmp_path / "acc.png")
   for name in ("dead.png", "acc.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
