@@ -159,8 +159,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)"
     )
   tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
+  seeds, values = schema.members(config)  # a population: every combination of values x every seed
   states = train.init_states(
-    np.asarray(config.seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks
+    np.asarray(seeds),
+    spec=spec,
+    tx=tx,
+    regularizer=regularizer,
+    num_tasks=tasks.num_tasks,
+    hyper=schema.member_hyper(values),
   )
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
@@ -185,9 +191,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # is read before config.json is written, so a refused resume leaves the workdir as it was.
   checkpoints = checkpoint.manager(workdir, max_to_keep=config.get("keep_checkpoints", 2), create=False)
   # Checkpoints hold the real seeds only (replicated), so they restore onto any device count.
-  restored = checkpoint.restore_latest(
-    checkpoints, mesh_lib.unpad(states, len(config.seeds), mesh), _config_json(config)
-  )
+  restored = checkpoint.restore_latest(checkpoints, mesh_lib.unpad(states, len(seeds), mesh), _config_json(config))
   note = (
     None
     if restored is None
@@ -195,7 +199,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   )
   _write_config(config, workdir, is_main)
   (workdir / "checkpoints").mkdir(exist_ok=True)
-  progress, elapsed_before = continual.Progress.start(len(config.seeds), tasks.num_tasks), 0.0
+  progress, elapsed_before = continual.Progress.start(len(seeds), tasks.num_tasks), 0.0
   if restored is not None:
     if note:
       logging.warning(note)
@@ -272,7 +276,7 @@ class _Speed:
 
 
 def _progress_line(block: continual.Block, progress: continual.Progress, config, speed: _Speed) -> str:
-  num_tasks, seeds = progress.acc.shape[1], len(config.seeds)
+  num_tasks, seeds = progress.acc.shape[1], progress.acc.shape[0]
   last = block.rows
   spread = f" ±{metrics.sem(block.full):.4f}" if seeds > 1 else ""
   return (
@@ -299,11 +303,13 @@ def _train(
   is_main: bool,
 ) -> dict:
   """The task loop (`continual.run`) and what happens around it: curves, checkpoints, log, results."""
-  seeds, schedule, config_json = list(config.seeds), schema.schedule_of(config), _config_json(config)
+  (seeds, values), schedule, config_json = schema.members(config), schema.schedule_of(config), _config_json(config)
+  labels = continual.member_labels(seeds, values)
   checkpoint_every = max(1, config.get("checkpoint_every_epochs", 50) // config.eval_every)
   speed = _Speed(schedule.steps_per_block(tasks), schedule.blocks_per_task)
   earlier = _earlier_rows(workdir, progress, len(seeds)) if is_main else []
-  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, earlier)
+  population_fields = list(values[0]) if values else []
+  writer = continual.curve_writers(workdir if is_main else None, tasks.num_tasks, earlier, population_fields)
   start, status, failure = time.time(), "running", None
 
   def save(states):
@@ -314,12 +320,15 @@ def _train(
   logging.info(
     f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
     f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
-    f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {seeds}, "
-    f"backend {jax.default_backend()}"
+    f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {list(config.seeds)}, "
+    + (f"population of {len(seeds) // len(config.seeds)} values x {len(config.seeds)} seeds, " if values else "")
+    + f"backend {jax.default_backend()}"
   )
   try:
     t0 = time.time()
-    for states, block in continual.run(engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host):
+    for states, block in continual.run(
+      engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host, labels=labels
+    ):
       speed.update(time.time() - t0, block.task)
       writer.write_rows(block.rows)
       if block.first_sparse:
@@ -426,7 +435,15 @@ def _results(
 ) -> dict:
   """results.json: the run (status, wall time, machine, data, model) and `continual.summarize`."""
   blocks_per_task = blocks_per_task or schema.schedule_of(config).blocks_per_task
-  summary = continual.summarize(progress, tasks, list(config.seeds), blocks_per_task, task_incremental=spec is not None)
+  seeds, values = schema.members(config)
+  summary = continual.summarize(
+    progress,
+    tasks,
+    seeds,
+    blocks_per_task,
+    task_incremental=spec is not None,
+    labels=continual.member_labels(seeds, values),
+  )
   return dict(
     status=status,
     failure=failure,
@@ -446,6 +463,8 @@ def _results(
     ),
     summary=summary["summary"],
     per_seed=summary["per_seed"],
+    **({"population": summary["population"]} if "population" in summary else {}),
+    evaluated_on="validation" if config.get("validation_fraction", 0.0) > 0 else "test",
     warnings=summary["warnings"],
   )
 

@@ -10,6 +10,7 @@ config before anything is written or compiled, naming the field
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -109,6 +110,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _validate_optimizer(config.optimizer)
   _validate_regularizer(config.get("regularizer"))
   _validate_run(config)
+  _validate_population(config)
 
 
 def _validate_model(config: ml_collections.ConfigDict) -> None:
@@ -205,6 +207,8 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail(
       "eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), got {config.eval_every}"
     )
+  if not 0.0 <= config.get("validation_fraction", 0.0) <= 0.5:
+    _fail("validation_fraction", f"must be in [0, 0.5], got {config.validation_fraction}")
   if config.batch_size <= 0:
     _fail("batch_size", f"must be positive, got {config.batch_size}")
   if not config.seeds:
@@ -236,6 +240,86 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("pretrained", "the FlyModel has no learned hidden layer to pretrain")
   if config.get("pretrained_index", 0) < 0:
     _fail("pretrained_index", f"must be >= 0, got {config.pretrained_index}")
+
+
+# The config fields a population may vary (`regularizers.POPULATION_FIELDS`: they change no shape).
+POPULATION_FIELDS = tuple(f"regularizer.{name}" for name in regularizers.POPULATION_FIELDS)
+
+
+def population_grid(config: ml_collections.ConfigDict) -> list[dict[str, float]] | None:
+  """The combinations of `config.population`'s values (the product, last field fastest), each
+  {dotted field: value}; None when no field has values (an ordinary run)."""
+  given = [(f, tuple(_population_values(config, f))) for f in POPULATION_FIELDS]
+  given = [(f, values) for f, values in given if values]
+  if not given:
+    return None
+  fields = [f for f, _ in given]
+  return [dict(zip(fields, map(float, point))) for point in itertools.product(*(v for _, v in given))]
+
+
+def _population_values(config, field: str):
+  section, name = field.split(".")
+  return ((config.get("population") or {}).get(section) or {}).get(name) or ()
+
+
+def members(config: ml_collections.ConfigDict) -> tuple[list[int], list[dict] | None]:
+  """(one seed per model, one {field: value} per model or None): a population is every combination
+  of values (`population_grid`) times every seed, the seeds innermost, as one stacked axis."""
+  grid = population_grid(config)
+  if grid is None:
+    return list(config.seeds), None
+  return [s for _ in grid for s in config.seeds], [point for point in grid for _ in config.seeds]
+
+
+def member_hyper(values: list[dict] | None) -> dict | None:
+  """`train.init_states`' `hyper` ({spec field: [M] values}) from `members`' values."""
+  if values is None:
+    return None
+  return {field.split(".")[1]: [v[field] for v in values] for field in values[0]}
+
+
+def _validate_population(config: ml_collections.ConfigDict) -> None:
+  population = config.get("population") or {}
+  known = {f.split(".")[0] for f in POPULATION_FIELDS}
+  for section in population:
+    if section not in known:
+      _fail(
+        f"population.{section}", f"only {POPULATION_FIELDS} may vary in one program; run other fields through launch/"
+      )
+    for name in population[section]:
+      if f"{section}.{name}" not in POPULATION_FIELDS:
+        _fail(
+          f"population.{section}.{name}",
+          f"only {POPULATION_FIELDS} may vary in one program; run other fields through launch/",
+        )
+  for field in POPULATION_FIELDS:
+    values = _population_values(config, field)
+    if not values:
+      continue
+    where = f"population.{field}"
+    if isinstance(values, (str, bytes)) or not all(
+      isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    ):
+      _fail(where, f"must be a tuple of finite numbers, e.g. --config.{where}='(100.0,1000.0)', got {values!r}")
+    if len(set(values)) != len(values):
+      _fail(where, f"values must be distinct, got {tuple(values)}")
+    _validate_population_field(config, field, where, values)
+
+
+def _validate_population_field(config, field: str, where: str, values) -> None:
+  method = (config.get("regularizer") or {}).get("method", "none")
+  if method == "none" or config.model.kind == "flymodel":
+    _fail(
+      where,
+      f"varies a regulariser's value, but this run has regularizer.method={method!r} (model {config.model.kind!r})",
+    )
+  if field == "regularizer.beta" and method not in ("ewc", "si"):
+    _fail(where, f"beta is used by EWC and SI only, not {method!r}")
+  if field == "regularizer.decay" and not (method == "ewc" and config.regularizer.online):
+    _fail(where, "decay is online EWC's gamma (regularizer.method='ewc', regularizer.online=True)")
+  low, high = {"regularizer.strength": (0.0, math.inf), "regularizer.beta": (1e-12, math.inf)}.get(field, (0.0, 1.0))
+  if not all(low <= v <= high for v in values):
+    _fail(where, f"values must be in [{low:g}, {high:g}], got {tuple(values)}")
 
 
 def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
@@ -329,6 +413,8 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   The arrays have a leading seed axis unless `class_order` is "ordinal" (every seed the same order).
   """
   dataset = load_data(config)
+  if config.get("validation_fraction", 0.0) > 0:  # choose on held-out training data, never the test set
+    dataset = data_lib.hold_out_validation(dataset, config.validation_fraction)
   features = int(np.prod(dataset["train_images"].shape[1:]))
   if features != config.model.input_size:
     _fail(
@@ -337,7 +423,7 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
       f"{config.dataset} ({dataset.get('source', config.data_dir)})",
     )
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
-  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
+  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in members(config)[0]]
   return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=config.class_order != "ordinal")
 
 

@@ -78,7 +78,12 @@ def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: 
 
 # Fields added after runs were saved without them: a saved config that lacks one is read as
 # having this value, so runs saved before the field existed still resume and still count as finished.
-ADDED_FIELD_DEFAULTS = {"data_source": "local", "model.gaba_switch_epochs": 0.0}
+ADDED_FIELD_DEFAULTS = {
+  "data_source": "local",
+  "model.gaba_switch_epochs": 0.0,
+  "population": {"regularizer": {"beta": [], "decay": [], "strength": []}},
+  "validation_fraction": 0.0,
+}
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "", *, saved_as: str = "checkpoint") -> list[str]:

@@ -339,14 +339,22 @@ def _check_finite(losses: np.ndarray, seeds, task: int, num_tasks: int, first_ep
   )
 
 
-def _rows(seeds, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[dict], np.ndarray, np.ndarray]:
-  """The curve rows of one evaluation (one per seed), and the full and seen-task accuracies."""
+def member_labels(seeds: Sequence[int], values: Sequence[dict] | None = None) -> list[dict]:
+  """What names each model of the stacked axis in curve rows and results: {"seed": s}, or in a
+  population {"member": m, "seed": s, **its values} (`values`: one {field: value} per model)."""
+  if values is None:
+    return [dict(seed=int(seed)) for seed in seeds]
+  return [dict(member=m, seed=int(seed), **v) for m, (seed, v) in enumerate(zip(seeds, values))]
+
+
+def _rows(labels, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The curve rows of one evaluation (one per model), and the full and seen-task accuracies."""
   per_task = counts.correct / np.maximum(counts.count, 1)
   full = counts.correct.sum(-1) / counts.count.sum(-1)
   seen = counts.correct[:, : task + 1].sum(-1) / counts.count[:, : task + 1].sum(-1)
   rows = [
     dict(
-      seed=seed,
+      **label,
       task=task,
       epoch=int(epochs_done[i]),
       loss=float(epoch_metrics.loss[i, -1]),
@@ -358,7 +366,7 @@ def _rows(seeds, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[di
       gaba_lambda_mean=float(lam[i]),
       **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(per_task.shape[1])},
     )
-    for i, seed in enumerate(seeds)
+    for i, label in enumerate(labels)
   ]
   return rows, full, seen
 
@@ -372,14 +380,17 @@ def run(
   progress: Progress,
   *,
   to_host: Callable = jax.device_get,
+  labels: Sequence[dict] | None = None,
 ) -> Iterator[tuple[train.TrainState, Block]]:
   """Trains task after task from `progress.blocks_done`, yielding (states, block) after each evaluation block.
 
   `progress` is updated in place before each yield, so (states, progress) may be
   checkpointed there. `states` may carry padding seeds beyond `seeds` (a device
   mesh); `to_host` gathers device values (`mesh.to_host` with several processes).
+  `labels` name the models in the rows (`member_labels`; default: their seeds).
   Raises FloatingPointError naming the task, epoch and seed of a non-finite loss.
   """
+  labels = list(labels or member_labels(seeds))
   num_tasks, per_task = tasks.num_tasks, schedule.blocks_per_task
   real = lambda tree: jax.tree.map(lambda a: a[: len(seeds)], tree)
   steps = schedule.steps_per_block(tasks)
@@ -402,7 +413,7 @@ def run(
     progress.sparse = sparse_schedule._replace(active_last=float(np.max(epoch_metrics.active_per_example[:, -1])))
     progress.blocks_done += 1
     _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
-    rows, full, seen = _rows(seeds, task, counts, epoch_metrics, epochs_done, lam)
+    rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam)
     progress.dead_fraction = np.asarray([row["dead_fraction"] for row in rows])
     task_end, warning = block == per_task - 1, None
     if task_end:
@@ -433,15 +444,23 @@ def run(
 
 
 def summarize(
-  progress: Progress, tasks: Tasks, seeds: Sequence[int], blocks_per_task: int, *, task_incremental: bool = True
+  progress: Progress,
+  tasks: Tasks,
+  seeds: Sequence[int],
+  blocks_per_task: int,
+  *,
+  task_incremental: bool = True,
+  labels: Sequence[dict] | None = None,
 ) -> dict:
-  """The results of the seeds: per seed the accuracy matrices, the last dead fraction and (once every
-  task is done) the paper's metrics (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy."""
+  """The results of the models: per model (`per_seed`, named by `labels`, default their seeds) the
+  accuracy matrices, the last dead fraction and (once every task is done) the paper's metrics
+  (`metrics.summarize`); a summary with the mean and s.e.m. of the final accuracy over seeds; for a
+  population (labels with "member"), `population`: that summary per combination of values."""
   finished = progress.tasks_finished(blocks_per_task)
   per_seed = []
-  for i, seed in enumerate(seeds):
+  for i, label in enumerate(labels or member_labels(seeds)):
     entry = dict(
-      seed=seed,
+      **label,
       class_order=tasks.order_of(i),
       acc_matrix=progress.acc[i, :finished].tolist(),
     )
@@ -455,13 +474,32 @@ def summarize(
       )
     entry["dead_fraction"] = None if progress.dead_fraction is None else float(progress.dead_fraction[i])
     per_seed.append(entry)
-  finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
-  summary = dict(
+  results = dict(tasks_finished=finished, summary=_final_summary(per_seed), per_seed=per_seed)
+  if labels and "member" in labels[0]:
+    fields = [k for k in labels[0] if k not in ("member", "seed")]
+    results["population"] = population_summary(per_seed, fields)
+  return dict(results, warnings=list(progress.warnings))
+
+
+def _final_summary(entries: Sequence[dict]) -> dict:
+  finals = [s["final_accuracy"] for s in entries if "final_accuracy" in s]
+  return dict(
     final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
     final_accuracy_sem=metrics.sem(finals),
-    num_seeds=len(seeds),
+    num_seeds=len(entries),
   )
-  return dict(tasks_finished=finished, summary=summary, per_seed=per_seed, warnings=list(progress.warnings))
+
+
+def population_summary(per_seed: Sequence[dict], fields: Sequence[str]) -> list[dict]:
+  """One entry per combination of the population's `fields` values (in member order): the values,
+  the seeds and the mean ± s.e.m. of the final accuracy over them."""
+  groups: dict[tuple, list[dict]] = {}
+  for entry in per_seed:
+    groups.setdefault(tuple(entry[f] for f in fields), []).append(entry)
+  return [
+    dict(values=dict(zip(fields, key)), seeds=[e["seed"] for e in group], **_final_summary(group))
+    for key, group in groups.items()
+  ]
 
 
 def _model_spec(model, input_size: int, num_classes: int, neurons: int, k: int, gaba_t: float):
@@ -542,17 +580,21 @@ def fit(
   return dict(results, curves=curves)
 
 
-def curve_writers(workdir, num_tasks: int, earlier_rows=()) -> metric_writers.MultiWriter:
+def curve_writers(
+  workdir, num_tasks: int, earlier_rows=(), population_fields: Sequence[str] = ()
+) -> metric_writers.MultiWriter:
   """The curves' writers in `workdir` (none for None): metrics.csv, rewritten with `earlier_rows`
-  first (a resumed run's), and TensorBoard event files in workdir/tensorboard (new rows only)."""
+  first (a resumed run's), and TensorBoard event files in workdir/tensorboard (new rows only).
+  A population's rows also carry "member" and its `population_fields` (`member_labels`)."""
   if workdir is None:
     return metric_writers.MultiWriter([])
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  fields = list(CURVE_FIELDS) + [f"accuracy_task{j}" for j in range(num_tasks)]
+  labels = ["member", "seed", *population_fields] if population_fields else ["seed"]
+  fields = labels + list(CURVE_FIELDS[1:]) + [f"accuracy_task{j}" for j in range(num_tasks)]
   return metric_writers.MultiWriter(
     [
       metric_writers.CsvWriter(workdir / "metrics.csv", fields, earlier_rows),
-      metric_writers.TensorBoardWriter(workdir / "tensorboard"),
+      metric_writers.TensorBoardWriter(workdir / "tensorboard", labels=[*metric_writers.LABELS, *labels]),
     ]
   )

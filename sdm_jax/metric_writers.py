@@ -25,7 +25,7 @@ import pathlib
 from typing import Iterable, Sequence
 
 # Row fields that label a row rather than measure something.
-LABELS = ("seed", "task", "epoch")
+LABELS = ("member", "seed", "task", "epoch")
 
 
 def read_rows(path: str | pathlib.Path) -> list[dict]:
@@ -60,13 +60,15 @@ class CsvWriter:
 
 
 class TensorBoardWriter:
-  """Scalars per seed as `seed_<s>/<field>` at step = the global epoch; one event file per session
-  (a resumed run adds a file with the new evaluations only)."""
+  """Scalars per seed as `seed_<s>/<field>` (per model as `member_<m>/<field>` in a population) at
+  step = the global epoch; one event file per session (a resumed run adds a file with the new
+  evaluations only). `labels`: the row fields that name a row rather than measure something."""
 
-  def __init__(self, logdir: str | pathlib.Path):
+  def __init__(self, logdir: str | pathlib.Path, labels: Sequence[str] = LABELS):
     import tensorboardX  # (imported when a run writes: 0.2 s)
 
     self._writer = tensorboardX.SummaryWriter(str(logdir))
+    self._labels = set(labels)
 
   def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
     for name, value in scalars.items():
@@ -74,9 +76,10 @@ class TensorBoardWriter:
 
   def write_rows(self, rows: Iterable[dict]) -> None:
     for row in rows:
+      prefix = f"member_{row['member']}" if "member" in row else f"seed_{row['seed']}"
       self.write_scalars(
         int(row["epoch"]),
-        {f"seed_{row['seed']}/{name}": float(value) for name, value in row.items() if name not in LABELS},
+        {f"{prefix}/{name}": float(value) for name, value in row.items() if name not in self._labels},
       )
     self._writer.flush()
 

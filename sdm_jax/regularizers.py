@@ -59,6 +59,11 @@ REFERENCE_FISHER_DIVISOR = 5.0 * 512
 SI_DAMPING = 0.1  # xi of Zenke et al. (2017) and of the reference
 
 
+# The numeric fields a population may vary per member (`train.TrainState.hyper`): they enter the
+# arithmetic only (the penalty's λ, the tempered softmax's β, online EWC's γ), never a shape.
+POPULATION_FIELDS = ("strength", "beta", "decay")
+
+
 class RegularizerSpec(NamedTuple):
   """Static description of the regulariser a run adds (bind with functools.partial).
 

@@ -46,6 +46,11 @@ class TrainState:
     key: PRNG key (raw uint32[2]) for shuffling and dropout.
     reg: `regularizers.RegState` (anchors θ*, importances Ω, SI's path
       integral) when the run has a regulariser, else None.
+    hyper: this member's regulariser hyperparameters when the run is a
+      population (`regularizers.POPULATION_FIELDS`: {"strength": λ, ...}, float32
+      scalars, stacked like every other leaf), else None. They replace the static
+      `RegularizerSpec`'s values inside the step and at task boundaries
+      (`member_regularizer`), so a grid of values is one compiled program.
   """
 
   params: Any
@@ -55,6 +60,17 @@ class TrainState:
   step: jax.Array
   key: jax.Array
   reg: Any = None
+  hyper: Any = None
+
+
+def member_regularizer(
+  regularizer: regularizers.RegularizerSpec | None, state: TrainState
+) -> regularizers.RegularizerSpec | None:
+  """The regulariser with this member's population values (`state.hyper`, traced) in place of the
+  spec's static ones; the spec itself when the run is not a population."""
+  if regularizer is None or not state.hyper:
+    return regularizer
+  return regularizer._replace(**state.hyper)
 
 
 class EpochMetrics(NamedTuple):
@@ -69,13 +85,15 @@ class EpochMetrics(NamedTuple):
 
 def init_state(
   seed,
+  hyper=None,
   *,
   spec: models.ModelSpec,
   tx: optax.GradientTransformation,
   regularizer: regularizers.RegularizerSpec | None = None,
   num_tasks: int = 1,
 ) -> TrainState:
-  """Initial state for one integer seed (vmap this over an array of seeds)."""
+  """Initial state for one integer seed (vmap this over an array of seeds); `hyper`: its population
+  values ({field: scalar}, see `TrainState.hyper`) or None."""
   key = jax.random.PRNGKey(seed)
   key, init_key = jax.random.split(key)
   params = models.init_params(init_key, spec)
@@ -91,6 +109,7 @@ def init_state(
     step=jnp.zeros((), jnp.int32),
     key=key,
     reg=reg,
+    hyper=None if not hyper else {name: jnp.asarray(value, jnp.float32) for name, value in hyper.items()},
   )
 
 
@@ -101,10 +120,21 @@ def init_states(
   tx: optax.GradientTransformation,
   regularizer: regularizers.RegularizerSpec | None = None,
   num_tasks: int = 1,
+  hyper: dict | None = None,
 ) -> TrainState:
-  """States of several seeds stacked on a leading axis."""
+  """States of several seeds stacked on a leading axis. `hyper`: a population's values, {field:
+  [S] values}, one per state (`TrainState.hyper`); a seed may then appear several times."""
+  if hyper:
+    if regularizer is None:
+      raise ValueError(f"a population of {sorted(hyper)} needs a regulariser")
+    unknown = set(hyper) - set(regularizers.POPULATION_FIELDS)
+    if unknown:
+      raise ValueError(f"population fields {sorted(unknown)}: only {regularizers.POPULATION_FIELDS} may vary")
+    hyper = {name: jnp.asarray(values, jnp.float32) for name, values in hyper.items()}
+    if any(values.shape != (len(seeds),) for values in hyper.values()):
+      raise ValueError(f"each population field needs one value per seed ({len(seeds)})")
   init = functools.partial(init_state, spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
-  return jax.jit(jax.vmap(init))(jnp.asarray(seeds))
+  return jax.jit(jax.vmap(init))(jnp.asarray(seeds), hyper or None)
 
 
 def to_float_input(x_uint8: jax.Array) -> jax.Array:
@@ -172,6 +202,7 @@ def train_step(
   (dropout masks differ: each slice draws its own).
   """
   x = to_float_input(x_uint8)
+  regularizer = member_regularizer(regularizer, state)
   dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
   if dropout_key is not None and data_axis is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(data_axis))
@@ -512,6 +543,7 @@ def end_task(
   Call it after the last epoch of every task but the last. EWC and MAS look at
   that task's training data through the model in evaluation mode.
   """
+  regularizer = member_regularizer(regularizer, state)
   key = jax.random.fold_in(state.key, task)  # the importance loader's shuffle
   reg = regularizers.consolidate(
     state.reg,

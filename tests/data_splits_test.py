@@ -218,3 +218,21 @@ def test_pad_tasks_promotes_dtypes():
 def test_pad_tasks_rejects_bad_arguments(tasks, match):
   with pytest.raises(ValueError, match=match):
     splits.pad_tasks(tasks)
+
+
+def test_hold_out_validation_takes_the_same_share_of_every_class_and_drops_the_test_set():
+  from sdm_jax.data import hold_out_validation
+
+  labels = np.repeat(np.arange(3), [100, 50, 10])
+  images = np.arange(len(labels))[:, None] * np.ones((1, 4), np.uint8)
+  dataset = dict(train_images=images, train_labels=labels, test_images=images[:5], test_labels=labels[:5], source="x")
+  split = hold_out_validation(dataset, 0.2)
+  assert np.bincount(split["test_labels"]).tolist() == [20, 10, 2]
+  assert np.bincount(split["train_labels"]).tolist() == [80, 40, 8]
+  held, kept = set(split["test_images"][:, 0]), set(split["train_images"][:, 0])
+  assert not held & kept and len(held | kept) == len(labels)  # a partition of the training set
+  assert split["evaluated_on"] == "validation" and split["source"] == "x"
+  again = hold_out_validation(dataset, 0.2)  # fixed seed: every run holds out the same examples
+  np.testing.assert_array_equal(again["test_images"], split["test_images"])
+  with pytest.raises(ValueError, match="validation fraction must be in"):
+    hold_out_validation(dataset, 1.0)

@@ -323,3 +323,92 @@ def test_a_resumed_run_reads_its_earlier_curves_back_from_metrics_csv(tmp_path, 
   progress.blocks_done = 4
   assert driver._earlier_rows(tmp_path, progress, 2) == rows
   assert "holds 6 of the 8 curve rows written before the checkpoint" in caplog.text
+
+
+def _count_compiles(run):
+  """(run's result, the seed-lifted programs compiled while it ran: blocks, evaluation, task boundary)."""
+  import logging
+
+  import jax
+
+  compiled = []
+
+  class Count(logging.Handler):
+    def emit(self, record):
+      if record.getMessage().startswith("Compiling jit(mapped)"):
+        compiled.append(record.getMessage())
+
+  handler = Count()
+  logging.getLogger("jax").addHandler(handler)
+  try:
+    with jax.log_compiles():
+      return run(), compiled
+  finally:
+    logging.getLogger("jax").removeHandler(handler)
+
+
+@pytest.mark.slow
+def test_a_population_is_its_members_run_one_by_one_and_compiles_once(tmp_path):
+  """EWC λ x β (2 x 2) as one program equals the four runs with those values (<= 1e-5 on CPU,
+  where members are mapped one after another), with as many compilations as one ordinary run."""
+  population = {"population.regularizer.strength": (30.0, 3000.0), "population.regularizer.beta": (0.005, 1.0)}
+  config = _tiny("ewc", seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, **population)
+  results, compiled = _count_compiles(lambda: driver.train_and_evaluate(config, tmp_path / "population"))
+  assert [m["member"] for m in results["per_seed"]] == [0, 1, 2, 3]
+  grid = [(m["regularizer.strength"], m["regularizer.beta"]) for m in results["per_seed"]]
+  assert grid == [(30.0, 0.005), (30.0, 1.0), (3000.0, 0.005), (3000.0, 1.0)]
+  assert [p["values"] for p in results["population"]][1] == {"regularizer.strength": 30.0, "regularizer.beta": 1.0}
+  members = final_state.load(tmp_path / "population" / "final_state.npz")
+  for i, (strength, beta) in enumerate(grid):
+    alone_config = _tiny("ewc", seeds=(4,), eval_every=1, checkpoint_every_epochs=1000)
+    alone_config.regularizer.strength, alone_config.regularizer.beta = strength, beta
+    alone, alone_compiled = _count_compiles(lambda: driver.train_and_evaluate(alone_config, tmp_path / f"alone{i}"))
+    np.testing.assert_allclose(results["per_seed"][i]["acc_matrix"], alone["per_seed"][0]["acc_matrix"], atol=1e-5)
+    single = final_state.load(tmp_path / f"alone{i}" / "final_state.npz")
+    for name in ("hidden", "output"):
+      for leaf in ("kernel", "bias"):
+        np.testing.assert_allclose(
+          members.params[name][leaf][i], single.params[name][leaf][0], atol=1e-5, err_msg=f"{i} {name}.{leaf}"
+        )
+    assert len(compiled) == len(alone_compiled), (compiled, alone_compiled)
+  # The values make a difference: the strongest penalty holds task 1 better than the weakest.
+  task1 = [m["acc_matrix"][-1][0] for m in results["per_seed"]]
+  assert max(task1[2:]) > max(task1[:2])
+  rows = metric_writers.read_rows(tmp_path / "population" / "metrics.csv")
+  assert {r["member"] for r in rows} == {0, 1, 2, 3} and rows[1]["regularizer.beta"] == 1.0
+
+
+@pytest.mark.parametrize(
+  "overrides,match",
+  [
+    (
+      {"population.regularizer.strength": (1.0, 1.0)},
+      r"config\.population\.regularizer\.strength: values must be distinct",
+    ),
+    ({"population.regularizer.strength": (-1.0,)}, r"config\.population\.regularizer\.strength: values must be in"),
+    ({"population.regularizer.decay": (0.9,)}, r"config\.population\.regularizer\.decay: decay is online EWC"),
+    ({"population.regularizer.beta": (0.1,), "regularizer.method": "mas"}, r"beta is used by EWC and SI only"),
+    ({"validation_fraction": 0.9}, r"config\.validation_fraction: must be in \[0, 0\.5\]"),
+  ],
+)
+def test_bad_populations_are_refused_naming_the_field(overrides, match, tmp_path):
+  with pytest.raises(ValueError, match=match):
+    driver.train_and_evaluate(_tiny("ewc", **overrides), tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_population_of_an_unregularised_run_or_another_field_is_refused(tmp_path):
+  with pytest.raises(ValueError, match=r"config\.population\.regularizer\.strength: varies a regulariser's value"):
+    driver.train_and_evaluate(_tiny("sdmlp", **{"population.regularizer.strength": (1.0,)}), tmp_path / "a")
+  config = _tiny("ewc")
+  config.population.optimizer = {"learning_rate": (0.01, 0.1)}
+  with pytest.raises(ValueError, match=r"config\.population\.optimizer: only"):
+    driver.train_and_evaluate(config, tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_a_validation_run_evaluates_on_held_out_training_data_and_says_so(tmp_path):
+  results = driver.train_and_evaluate(_tiny("relu", validation_fraction=0.1), tmp_path / "run")
+  assert results["evaluated_on"] == "validation"
+  plain = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert plain["validation_fraction"] == 0.1

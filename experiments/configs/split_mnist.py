@@ -161,6 +161,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.regularizer.online = False  # EWC: one decayed slot instead of one per past task
   config.regularizer.decay = 1.0  # online EWC's gamma
   config.regularizer.si_variant = "reference"  # reference (authors' double backward) | textbook
+  # Hyperparameter population: values given here become a stacked axis beside the seeds, every
+  # combination times every seed in one compiled program (experiments/schema.py:members), e.g.
+  # --config.population.regularizer.strength='(100.0,1000.0)'. Only these fields may vary.
+  config.population = ml_collections.ConfigDict()
+  config.population.regularizer = ml_collections.ConfigDict(dict(strength=(), beta=(), decay=()))
+  # > 0: hold out this fraction of each class's training examples and evaluate on them instead of the
+  # test set (for choosing hyperparameters; sdm_jax/data/splits.py:hold_out_validation).
+  config.validation_fraction = 0.0
   config.paper_final_accuracy = -1.0
   return config
 

@@ -35,6 +35,7 @@ from sdm_jax.data.registry import SOURCES, load_dataset
 from sdm_jax.data.splits import (
   REFERENCE_CLASS_ORDERS,
   class_order,
+  hold_out_validation,
   pad_tasks,
   reference_class_order,
   split_by_task,
@@ -42,6 +43,7 @@ from sdm_jax.data.splits import (
 )
 
 __all__ = [
+  'hold_out_validation',
   'CIFAR10_CLASSES',
   'TFDS_DATASETS',
   'load_cifar10_jpeg',

@@ -213,3 +213,31 @@ def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     x_padded[t, : len(x)] = x
     y_padded[t, : len(y)] = y
   return x_padded, y_padded, sizes
+
+
+def hold_out_validation(dataset: dict, fraction: float, seed: int = 0) -> dict:
+  """The dataset with `fraction` of each class's training examples held out as its evaluation split.
+
+  For choosing hyperparameters without looking at the test set: the returned
+  dataset trains on the rest and evaluates (its `test_*` arrays) on the held-out
+  examples, and says so (`evaluated_on="validation"`). The choice is per class,
+  from a fixed `seed`, so every run and every member of a population holds out
+  the same examples; the test set is dropped.
+  """
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
+  labels = np.asarray(dataset["train_labels"])
+  rng = np.random.RandomState(seed)
+  held = np.zeros(len(labels), bool)
+  for c in np.unique(labels):
+    rows = np.flatnonzero(labels == c)
+    held[rng.permutation(rows)[: int(round(fraction * len(rows)))]] = True
+  images = dataset["train_images"]
+  return dict(
+    dataset,
+    train_images=images[~held],
+    train_labels=labels[~held],
+    test_images=images[held],
+    test_labels=labels[held],
+    evaluated_on="validation",
+  )
