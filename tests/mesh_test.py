@@ -337,3 +337,47 @@ def test_two_processes_with_jax_distributed_agree_with_one(on_8_devices, tmp_pat
   ]
   _finish(*procs)
   _assert_same_run(tmp_path / RUN, on_8_devices)
+
+
+def _population_run(workdir, devices):
+  """A 3-member EWC population (lambda 1, 300, 3000; one seed) from the command line on `devices`
+  forced host devices: the members are padded to 8 and sharded like seeds."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  flags = [
+    "--config=experiments/configs/split_mnist.py:ewc,tiny",
+    f"--workdir={workdir}",
+    "--config.model.neurons=40",
+    "--config.epochs_per_task=1",
+    "--config.eval_every=1",
+    "--config.checkpoint_every_epochs=1",
+    "--config.keep_checkpoints=10",
+    "--config.population.regularizer.strength=(1.0,300.0,3000.0)",
+  ]
+  return subprocess.Popen(
+    [sys.executable, "-m", "experiments.split_mnist", *flags],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+@pytest.mark.slow
+def test_a_population_sharded_on_8_devices_equals_one_device_and_resumes_there(tmp_path):
+  _finish(_population_run(tmp_path / "eight", 8), _population_run(tmp_path / "one", 1))
+  _assert_same_run(tmp_path / "eight", tmp_path / "one")
+  members = json.loads((tmp_path / "eight" / "results.json").read_text())["population"]
+  assert [m["values"]["regularizer.strength"] for m in members] == [1.0, 300.0, 3000.0]
+  # Cut the 8-device run back to its task-2 checkpoint and finish it on one device.
+  run = tmp_path / "resumed"
+  shutil.copytree(tmp_path / "eight", run)
+  for name in ("results.json", "final_state.npz"):
+    (run / name).unlink()
+  for step in (p for p in (run / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > 2):
+    shutil.rmtree(step)
+  resumed = _population_run(run, 1)
+  _, err = resumed.communicate(timeout=600)
+  assert resumed.returncode == 0 and "resuming from" in err, err[-3000:]
+  _assert_same_run(run, tmp_path / "eight")
+  assert (run / "metrics.csv").read_text() == (tmp_path / "eight" / "metrics.csv").read_text()
