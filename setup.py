@@ -47,5 +47,8 @@ setuptools.setup(
     "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
     # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
     "torch": ["torch>=2.4"],
+    # Accelerators: JAX's CUDA 13 wheels (NVIDIA driver >= 580) or its TPU runtime, at the pinned jax.
+    "cuda": ["jax[cuda13]"],
+    "tpu": ["jax[tpu]"],
   },
 )

@@ -148,6 +148,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   start_time = time.time()
   workdir = pathlib.Path(workdir)
   config, tasks, pre = _prepare(config, workdir)
+  # float32 matmuls at XLA's precision `matmul_precision` (on GPU, "default" may use TF32; on CPU all three are float32).
+  with jax.default_matmul_precision(config.get("matmul_precision", "default")):
+    return _run(config, workdir, tasks, pre, start_time)
+
+
+def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time: float) -> dict:
+  """`train_and_evaluate` once the run has been accepted: build, restore, train, write."""
   is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
   if config.model.kind == "flymodel":
     _write_config(config, workdir, is_main)
@@ -465,6 +472,7 @@ def _results(
     per_seed=summary["per_seed"],
     **({"population": summary["population"]} if "population" in summary else {}),
     evaluated_on="validation" if config.get("validation_fraction", 0.0) > 0 else "test",
+    matmul_precision=config.get("matmul_precision", "default"),
     warnings=summary["warnings"],
   )
 

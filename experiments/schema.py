@@ -38,6 +38,9 @@ MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
 CLASS_ORDERS = ("ordinal", "by_seed", "reference")
 TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
+# XLA's float32 matmul precision (jax.default_matmul_precision): "highest" is full float32 as the
+# authors' PyTorch runs; "default" lets a GPU use TF32 (and a TPU bfloat16 passes); same on CPU.
+MATMUL_PRECISIONS = ("default", "high", "highest")
 
 
 def _fail(field: str, message: str):
@@ -199,6 +202,8 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("checkpoint_every_epochs", f"must be positive, got {config.checkpoint_every_epochs}")
   if config.get("keep_checkpoints", 2) < 1:
     _fail("keep_checkpoints", f"must be >= 1, got {config.keep_checkpoints}")
+  if config.get("matmul_precision", "default") not in MATMUL_PRECISIONS:
+    _fail("matmul_precision", f"must be one of {MATMUL_PRECISIONS}, got {config.matmul_precision!r}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
   if config.epochs_per_task <= 0:

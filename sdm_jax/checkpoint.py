@@ -83,6 +83,7 @@ ADDED_FIELD_DEFAULTS = {
   "model.gaba_switch_epochs": 0.0,
   "population": {"regularizer": {"beta": [], "decay": [], "strength": []}},
   "validation_fraction": 0.0,
+  "matmul_precision": "default",
 }
 
 

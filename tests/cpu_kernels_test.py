@@ -17,6 +17,14 @@ HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not
 needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu_device():
+  """The FFI handlers are registered for the CPU platform only: on every backend (a GPU's too)
+  these tests run on the CPU device."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield
+
+
 def _random_problem(seed, r=40, n=784, batch=64, m=5, padded=6):
   """Unit-norm non-negative addresses and inputs; each example picks m distinct neurons of r
   (so neurons repeat across the batch); the last `padded` rows have zero d_hidden (padding),

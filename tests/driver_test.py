@@ -54,6 +54,7 @@ def _tiny(variant="sdmlp", **overrides):
     ("seeds", (1, 1), "config.seeds"),
     ("class_order", "random", "config.class_order"),
     ("train_step", "sparse", "config.train_step"),
+    ("matmul_precision", "tf32", "config.matmul_precision"),
   ],
 )
 def test_bad_configs_name_the_field(field, value, match, tmp_path):

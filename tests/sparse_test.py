@@ -13,6 +13,18 @@ from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
 
 
 @functools.lru_cache(maxsize=None)
+@pytest.fixture(autouse=True)
+def _ffi_on_the_cpu_device(request):
+  """The FFI kernels are registered for the CPU platform only: their cases run on the CPU device on
+  every backend; the XLA cases run on the default device."""
+  params = getattr(request.node, "callspec", None)
+  if params is not None and params.params.get("kernel") == "ffi":
+    with jax.default_device(jax.devices("cpu")[0]):
+      yield
+  else:
+    yield
+
+
 def _mnist_task(per_task=700):
   """Real MNIST digits 0/1 then 2/3 (first `per_task` examples each), padded to one shape."""
   ds = data.load_dataset("mnist")
