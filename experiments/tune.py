@@ -73,7 +73,14 @@ def main(argv):
   text = tuning.markdown(label, tuned, paper, validation_fraction=_VALIDATION.value)
   (workdir / "tuned.md").write_text(text)
   title = f"{_TABLE.value} {label}: validation final accuracy, {config.epochs_per_task} epochs/task"
-  tuning.plot_sweep(tuned["search"]["population"], workdir / "sweep.png", title=title, paper=paper)
+  table = {"split_mnist": "Table 7", "split_fashion_mnist": "Table 8"}[_TABLE.value]
+  tuning.plot_sweep(
+    tuned["search"]["population"],
+    workdir / "sweep.png",
+    title=title,
+    paper=paper,
+    paper_label=f"paper ({table}, 500 epochs/task)",
+  )
   print(text)
 
 

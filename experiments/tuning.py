@@ -103,7 +103,9 @@ def markdown(row: str, tuned: dict, paper: float | None, *, validation_fraction:
   return "\n".join(lines) + "\n"
 
 
-def plot_sweep(population: list[dict], path: pathlib.Path, *, title: str, paper: float | None) -> np.ndarray:
+def plot_sweep(
+  population: list[dict], path: pathlib.Path, *, title: str, paper: float | None, paper_label: str = "paper"
+) -> np.ndarray:
   """Final accuracy over the grid: a heatmap for two fields (cells annotated, the paper's value
   marked on the colour bar), a curve for one (the paper's value as a dashed line). Returns what
   it drew: the [values of field 1, values of field 2] matrix (sorted), or the curve's accuracies."""
@@ -121,7 +123,7 @@ def plot_sweep(population: list[dict], path: pathlib.Path, *, title: str, paper:
     drawn = np.asarray(y)
     ax.set(xscale="log", xlabel=fields[0], ylabel="final accuracy (mean ± s.e.m.)")
     if paper is not None:
-      ax.axhline(paper, color="red", ls="--", label=f"paper {paper:.2f}")
+      ax.axhline(paper, color="red", ls="--", label=f"{paper_label} {paper:.2f}")
       ax.legend()
   else:
     rows = sorted({p["values"][fields[0]] for p in population})
@@ -138,9 +140,11 @@ def plot_sweep(population: list[dict], path: pathlib.Path, *, title: str, paper:
     bar = fig.colorbar(image, ax=ax, label="final accuracy (mean over seeds)")
     if paper is not None and np.nanmin(grid) <= paper <= np.nanmax(grid):
       bar.ax.axhline(paper, color="red", lw=2)
-      bar.ax.text(1.5, paper, f" paper {paper:.2f}", color="red", va="center", transform=bar.ax.get_yaxis_transform())
+      bar.ax.text(
+        1.5, paper, f" {paper_label} {paper:.2f}", color="red", va="center", transform=bar.ax.get_yaxis_transform()
+      )
     elif paper is not None:  # outside the colour scale: say where it lies
-      title += f"\n(paper {paper:.2f}: {'above' if paper > np.nanmax(grid) else 'below'} every cell)"
+      title += f"\n({paper_label} {paper:.2f}: {'above' if paper > np.nanmax(grid) else 'below'} every cell)"
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
