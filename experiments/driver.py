@@ -368,14 +368,20 @@ def _train(
 
 
 def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
-  summary = results["summary"]
-  logging.info(
-    f"final full-test accuracy (paper metric): {summary['final_accuracy_mean']:.4f}"
-    + (
+  summary, where = results["summary"], results.get("evaluated_on", "test")
+  what = "full-test accuracy (paper metric)" if where == "test" else "accuracy on the held-out validation split"
+  if "population" in results:  # the mean over every model says little: each combination's, best first
+    best = sorted(results["population"], key=lambda p: -p["final_accuracy_mean"])[:3]
+    text = "; ".join(f"{p['values']} {p['final_accuracy_mean']:.4f} ± {p['final_accuracy_sem']:.4f}" for p in best)
+    line = f"final {what}, best of {len(results['population'])} combinations (mean over seeds): {text}"
+  else:
+    line = f"final {what}: {summary['final_accuracy_mean']:.4f}" + (
       f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"
       if summary["num_seeds"] > 1
       else ""
     )
+  logging.info(
+    line
     + f"; wall time {fmt_duration(results['wall_time_s'])}; results in {workdir / 'results.json'}"
     + _lossy_note(tasks)
   )
