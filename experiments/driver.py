@@ -148,8 +148,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   start_time = time.time()
   workdir = pathlib.Path(workdir)
   config, tasks, pre = _prepare(config, workdir)
-  # float32 matmuls at XLA's precision `matmul_precision` (on GPU, "default" may use TF32; on CPU all three are float32).
-  with jax.default_matmul_precision(config.get("matmul_precision", "default")):
+  # "default" leaves JAX's own setting (jax_default_matmul_precision) as it is; "high" / "highest"
+  # set XLA's float32 matmul precision for this run (on CPU all are float32).
+  precision = config.get("matmul_precision", "default")
+  if precision == "default":
+    return _run(config, workdir, tasks, pre, start_time)
+  with jax.default_matmul_precision(precision):
     return _run(config, workdir, tasks, pre, start_time)
 
 

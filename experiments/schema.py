@@ -39,7 +39,7 @@ MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 CLASS_ORDERS = ("ordinal", "by_seed", "reference")
 TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
 # XLA's float32 matmul precision (jax.default_matmul_precision): "highest" is full float32 as the
-# authors' PyTorch runs; "default" lets a GPU use TF32 (and a TPU bfloat16 passes); same on CPU.
+# authors' PyTorch runs; "default" keeps JAX's setting, which lets a GPU use TF32; same on CPU.
 MATMUL_PRECISIONS = ("default", "high", "highest")
 
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from sdm_jax import mesh as mesh_lib
@@ -130,7 +131,7 @@ def init_states(
     unknown = set(hyper) - set(regularizers.POPULATION_FIELDS)
     if unknown:
       raise ValueError(f"population fields {sorted(unknown)}: only {regularizers.POPULATION_FIELDS} may vary")
-    hyper = {name: jnp.asarray(values, jnp.float32) for name, values in hyper.items()}
+    hyper = {name: np.asarray(values, np.float32) for name, values in hyper.items()}  # (host arrays: no device op)
     if any(values.shape != (len(seeds),) for values in hyper.values()):
       raise ValueError(f"each population field needs one value per seed ({len(seeds)})")
   init = functools.partial(init_state, spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)

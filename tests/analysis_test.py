@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import analysis, final_state, models
+from sdm_jax import analysis, continual, final_state, models
 from experiments import schema
 
 
@@ -197,18 +197,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
   (path / "config.json").write_text(config.to_json_best_effort(indent=2))
   spec = schema.model_spec(config)
   rng = np.random.default_rng(0)
-  fields = [
-    "seed",
-    "task",
-    "epoch",
-    "loss",
-    "train_accuracy",
-    "full_accuracy",
-    "seen_accuracy",
-    "dead_fraction",
-    "active_per_example",
-    "gaba_lambda_mean",
-  ] + [f"accuracy_task{j}" for j in range(5)]
+  fields = list(continual.CURVE_FIELDS) + [f"accuracy_task{j}" for j in range(5)]
   rows, per_seed = [], []
   for seed in seeds:
     acc = np.tril(rng.random((5, 5)))

@@ -3,7 +3,36 @@
 
 from absl import logging
 import jax
+import pytest
 
 jax.config.update("jax_default_matmul_precision", "float32")
 
 logging.set_verbosity(logging.INFO)
+
+
+@pytest.fixture
+def count_compiles():
+  """`count_compiles(run, prefix="Compiling ")` -> (run(), the compile log lines starting with
+  `prefix` while it ran). Pass `clear=True` to empty JAX's caches first, so that what a run
+  compiles is counted whatever ran before it."""
+  import logging as py_logging
+
+  def count(run, prefix="Compiling ", clear=False):
+    if clear:
+      jax.clear_caches()
+    compiled = []
+
+    class Count(py_logging.Handler):
+      def emit(self, record):
+        if record.getMessage().startswith(prefix):
+          compiled.append(record.getMessage())
+
+    handler = Count()
+    py_logging.getLogger("jax").addHandler(handler)
+    try:
+      with jax.log_compiles():
+        return run(), compiled
+    finally:
+      py_logging.getLogger("jax").removeHandler(handler)
+
+  return count

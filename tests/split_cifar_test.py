@@ -1,10 +1,8 @@
 """experiments.configs.pretrain / split_cifar; the train_convmixer -> embed -> pretrain -> split_cifar chain."""
 
 import json
-import logging
 import types
 
-import jax
 import numpy as np
 import pytest
 
@@ -118,7 +116,7 @@ def test_pretrained_row_without_a_checkpoint_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog):
+def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog, count_compiles):
   """50 tasks of 2 classes: the padded tasks share one shape, so the training block compiles once."""
   config = split_cifar.get_config("nopretrain_sdmlp_k1,tiny")
   config.data_dir = "cifar100"
@@ -126,20 +124,8 @@ def test_cifar100_fifty_tasks_compile_once(tmp_path, fake_data, caplog):
   config.model.neurons, config.epochs_per_task, config.eval_every = 32, 1, 1
   config.seeds, config.checkpoint_every_epochs, config.train_step = (3,), 1000, "dense"
   config.batch_size = 8  # at most a task's 24 examples
-  compiled = []
-
-  class Count(logging.Handler):
-    def emit(self, record):
-      if record.getMessage().startswith("Compiling jit(mapped)"):  # the seed-lifted blocks (train.over_seeds)
-        compiled.append(record.getMessage())
-
-  handler = Count()
-  logging.getLogger("jax").addHandler(handler)
-  try:
-    with jax.log_compiles():
-      results = driver.train_and_evaluate(config, tmp_path)
-  finally:
-    logging.getLogger("jax").removeHandler(handler)
+  # the seed-lifted blocks (train.over_seeds)
+  results, compiled = count_compiles(lambda: driver.train_and_evaluate(config, tmp_path), "Compiling jit(mapped)")
   assert np.array(results["per_seed"][0]["acc_matrix"]).shape == (50, 50)
   assert len(compiled) == 2, compiled  # the training block and the evaluation, once each
   assert results["dataset"]["lossy"] and "LOSSY stand-in" in caplog.text  # a lossy source says so

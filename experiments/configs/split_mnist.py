@@ -118,7 +118,7 @@ def base_config() -> ml_collections.ConfigDict:
   # "dense": always the dense step.
   config.train_step = "auto"
   # XLA's float32 matmul precision: default | high | highest (highest = full float32, as the authors'
-  # PyTorch runs; "default" lets a GPU use TF32; on CPU all three are float32).
+  # PyTorch runs; "default" keeps JAX's own setting, which lets a GPU use TF32; on CPU all are float32).
   config.matmul_precision = "default"
   # Orbax checkpoints in WORKDIR/checkpoints at every task end and every N epochs; rerunning the
   # same command with the same --workdir resumes from the newest one (sdm_jax/checkpoint.py).
