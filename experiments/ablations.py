@@ -58,9 +58,7 @@ def main(argv):
     f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}"
   )
   title = f"Table 2 ablations on Split {'MNIST' if _DATASET.value == 'mnist' else 'FashionMNIST'}"
-  all_results = tables.run_rows(
-    configs, workdir, title=title, command=command, seeds=_SEEDS.value, filename="ablations.md"
-  )
+  all_results = tables.run_rows(configs, workdir, title=title, command=command, filename="ablations.md")
   dead = {row: studies.dead_on_test_set(workdir / row, configs[row]) for row in rows}
   header = (
     "## Dead units\n\nMean ± s.e.m. over seeds. Silent = no activation during the last training "

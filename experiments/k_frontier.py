@@ -43,7 +43,7 @@ def main(argv):
     f"--epochs_per_task={_EPOCHS.value} --seeds={','.join(_SEEDS.value)}"
   )
   all_results = tables.run_rows(
-    configs, workdir, title="k frontier rows (Split MNIST)", command=command, seeds=_SEEDS.value, filename="rows.md"
+    configs, workdir, title="k frontier rows (Split MNIST)", command=command, filename="rows.md"
   )
   summary = studies.k_frontier_summary(all_results, ks)
   header = (

@@ -76,8 +76,9 @@ def table_row(row: str, config, results: dict) -> str:
   gap = f"{np.mean(finals) - config.paper_final_accuracy:+.3f}" if config.paper_final_accuracy >= 0 else "–"
   if results.get("dataset", {}).get("lossy"):
     row += " (LOSSY stand-in)"
+  seeds = ", ".join(str(s["seed"]) for s in per_seed)
   return (
-    f"| {row} | {m.neurons:,} | {k} | {paper} | **{measured}** | {gap} | "
+    f"| {row} | {settings(config)} | {m.neurons:,} | {k} | {seeds} | {paper} | **{measured}** | {gap} | "
     f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
     f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
     f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
@@ -86,10 +87,23 @@ def table_row(row: str, config, results: dict) -> str:
 
 
 HEADER = (
-  "| row | neurons | k | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
+  "| row | regulariser | neurons | k | seeds | paper | measured final acc. | Δ | avg acc. | forgetting | BWT | "
   "task-IL final acc. | task-IL forgetting | dead | epochs/task | wall |\n"
-  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
+
+
+def settings(config) -> str:
+  """The row's regulariser and its hyperparameters, and whether they are the published ones or tuned."""
+  r = config.get("regularizer")
+  if r is None or r.method == "none":
+    return "–"
+  text = f"{r.method.upper()} {'c' if r.method == 'si' else 'λ'} {r.strength:g}"  # the paper's names
+  if r.method == "ewc" or (r.method == "si" and r.si_variant == "reference"):
+    text += f", β {r.beta:g}"  # the tempered softmax of EWC's Fisher and the reference SI's loss
+  if r.method == "si":
+    text += f", {r.si_variant} path integral"
+  return text + (" (tuned)" if config.get("tuned_on") else " (published)")
 
 
 def seed_curves(workdir: pathlib.Path, results: dict | None = None) -> list[list[dict]]:
@@ -162,12 +176,13 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   plt.close(fig)
 
 
-def _table_text(title: str, machine: str, seeds, command: str, others: list, lines: list[str]) -> str:
+def _table_text(title: str, machine: str, command: str, others: list, lines: list[str]) -> str:
   """The markdown table: what was measured where and how, then one line per row."""
   return (
     f"# {title}: paper vs sdm_jax\n\n"
     f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-    f"{machine}. Seeds {', '.join(map(str, seeds))} per row. Final accuracy = accuracy on "
+    f"{machine}. Seeds run as one program per row. Regulariser: published = the authors' "
+    "settings, tuned = chosen on a validation split (the row's `tuned_on`). Final accuracy = accuracy on "
     "the full test set after the last task (the paper's metric); forgetting = max over earlier "
     "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "
     "just-learned accuracy; task-IL = logits masked to the task's classes; dead = fraction of "
@@ -192,7 +207,6 @@ def run_rows(
   *,
   title: str,
   command: str,
-  seeds,
   filename: str = "table.md",
   also_show: dict | None = None,
   run: bool = True,
@@ -228,7 +242,7 @@ def run_rows(
     done = {**all_results, **finished_elsewhere()}
     rows = [row for row in order if row in done]
     others = [row for row in rows if row not in to_run]
-    text = _table_text(title, machine, seeds, command, others, [table_row(row, shown[row], done[row]) for row in rows])
+    text = _table_text(title, machine, command, others, [table_row(row, shown[row], done[row]) for row in rows])
     (workdir / filename).write_text(text)
     plot_rows(
       {row: done[row] for row in rows},

@@ -65,7 +65,4 @@ def run_sweep(
   if unknown:
     raise ValueError(f"--only: unknown runs {unknown}; the sweep has {list(runs)}")
   runs = {name: with_mesh(config, mesh_seed, mesh_data) for name, config in runs.items() if not only or name in only}
-  seeds = next(iter(runs.values())).seeds
-  return tables.run_rows(
-    runs, workdir, title=f"Sweep {sweep.get('name', '')}", command=command, seeds=seeds, filename="summary.md"
-  )
+  return tables.run_rows(runs, workdir, title=f"Sweep {sweep.get('name', '')}", command=command, filename="summary.md")

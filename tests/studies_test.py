@@ -70,7 +70,7 @@ def test_dead_on_test_set_matches_numpy_forward(tmp_path):
   config = ablations.with_epochs_per_task(ablations.get_config("relu,tiny"), 1)
   config.model.neurons = 64
   config.seeds = (0, 1)
-  tables.run_rows({"relu": config}, tmp_path, title="T", command="c", seeds=(0, 1))
+  tables.run_rows({"relu": config}, tmp_path, title="T", command="c")
   dead = studies.dead_on_test_set(tmp_path / "relu", config)
 
   # Independent: relu(x W + b) in numpy over all 10,000 test images, summed per unit.

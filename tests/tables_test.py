@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import tables
-from experiments.configs import split_mnist
+from experiments.configs import split_fashion_mnist, split_mnist
 from experiments import driver
 
 
@@ -21,16 +21,17 @@ def _configs():
 @pytest.mark.slow
 def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   configs = _configs()
-  results = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
+  results = tables.run_rows(configs, tmp_path, title="T", command="cmd", filename="t.md")
   text = (tmp_path / "t.md").read_text()
   lines = [l for l in text.splitlines() if l.startswith("| flymodel") or l.startswith("| sdmlp")]
   assert len(lines) == 2
   fly_cells = [c.strip() for c in lines[0].split("|")]
-  assert fly_cells[4] == "0.77"  # the paper's Table 7 value beside ours
+  assert fly_cells[6] == "0.77"  # the paper's Table 7 value beside ours
+  assert (fly_cells[2], fly_cells[5]) == ("–", "0, 1")  # no regulariser; the row's seeds
   finals = [s["final_accuracy"] for s in results["flymodel"]["per_seed"]]
-  assert f"{sum(finals) / 2:.3f}" in fly_cells[5]  # mean over the two seeds, bold
+  assert f"{sum(finals) / 2:.3f}" in fly_cells[7]  # mean over the two seeds, bold
   assert "1 pass" in lines[0] and "| 1 |" in lines[1]  # epochs per task column
-  assert fly_cells[12] == "–"  # the FlyModel has no dead-unit fraction
+  assert fly_cells[14] == "–"  # the FlyModel has no dead-unit fraction
   dead = [s["dead_fraction"] for s in results["sdmlp"]["per_seed"]]
   assert 0.0 <= min(dead) and max(dead) <= 1.0
   assert (tmp_path / "t.png").stat().st_size > 10_000  # the figure beside the table
@@ -40,13 +41,13 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
     raise AssertionError("a finished row was rerun")
 
   monkeypatch.setattr(driver, "train_and_evaluate", fail)
-  again = tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1), filename="t.md")
+  again = tables.run_rows(configs, tmp_path, title="T", command="cmd", filename="t.md")
   assert again["sdmlp"]["summary"] == results["sdmlp"]["summary"]
 
   # A changed config is not "finished": that row runs again.
   configs["sdmlp"].optimizer.learning_rate = 0.1
   with pytest.raises(AssertionError, match="rerun"):
-    tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1))
+    tables.run_rows(configs, tmp_path, title="T", command="cmd")
 
 
 def test_run_rows_refuses_a_bad_row_before_running_any(tmp_path, monkeypatch):
@@ -54,7 +55,7 @@ def test_run_rows_refuses_a_bad_row_before_running_any(tmp_path, monkeypatch):
   configs["sdmlp"].model.k = 0
   monkeypatch.setattr(driver, "train_and_evaluate", lambda *a, **k: pytest.fail("ran before validating"))
   with pytest.raises(ValueError, match="config.model.k"):
-    tables.run_rows(configs, tmp_path, title="T", command="cmd", seeds=(0, 1))
+    tables.run_rows(configs, tmp_path, title="T", command="cmd")
 
 
 def test_finished_needs_status_finished(tmp_path):
@@ -83,7 +84,7 @@ def test_finished_ignores_only_fields_that_do_not_change_results(tmp_path):
 def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch):
   configs = _configs()
   # "Another process" finishes the FlyModel row in the shared workdir.
-  tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a", seeds=(0, 1))
+  tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a")
   ran = []
   real = driver.train_and_evaluate
   monkeypatch.setattr(
@@ -95,7 +96,6 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
     tmp_path,
     title="T",
     command="b",
-    seeds=(0, 1),
     filename="t.md",
     also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"], "relu": split_mnist.get_config("relu,tiny")},
   )
@@ -113,7 +113,6 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
     tmp_path,
     title="T",
     command="c",
-    seeds=(0, 1),
     filename="t.md",
     run=False,
   )
@@ -121,6 +120,14 @@ def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch)
   # A row whose config changed is not finished: nothing to show is an error, not an empty table.
   configs["flymodel"].optimizer.learning_rate = 1.0
   with pytest.raises(ValueError, match="no row"):
-    tables.run_rows(
-      {"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", seeds=(0,), run=False
-    )
+    tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", run=False)
+
+
+def test_settings_say_which_hyperparameters_a_row_has():
+  assert tables.settings(split_mnist.get_config("ewc")) == "EWC λ 200, β 0.005 (published)"
+  assert tables.settings(split_mnist.get_config("ewc_tuned")) == "EWC λ 1000, β 0.08 (tuned)"
+  assert tables.settings(split_mnist.get_config("mas_tuned")) == "MAS λ 100 (tuned)"
+  assert tables.settings(split_mnist.get_config("si")) == "SI c 1500, β 0.005, reference path integral (published)"
+  assert tables.settings(split_mnist.get_config("si_textbook_tuned")) == "SI c 3000, textbook path integral (tuned)"
+  assert tables.settings(split_mnist.get_config("sdmlp")) == "–"
+  assert tables.settings(split_fashion_mnist.get_config("ewc_tuned")) == "EWC λ 100, β 0.08 (tuned)"

@@ -9,7 +9,9 @@ Command::
 Variants: every row of Table 7 (`ROWS` below): `sdmlp_k1`, `sdmlp` (1K neurons,
 k=10), `sdmlp_10k`, `flymodel`, `flymodel_10k`, `ewc`, `ewc_10k`, `mas`,
 `mas_10k`, `si`, `topk`, `relu`, `sdmlp_ewc`, `sdmlp_ewc_10k`, `oracle`,
-`oracle_10k`; plus `l2` (Table 9). Not implemented: Table 7's NISPA (0.40) and
+`oracle_10k`; plus `l2` (Table 9), and tuned baselines `ewc_tuned`, `mas_tuned`, `si_tuned`,
+`si_textbook_tuned`, `l2_tuned` (hyperparameters chosen on a validation split; `TUNED_ON`,
+reported with fresh seeds 3, 4, 5; experiments/results/split_mnist_tuned/). Not implemented: Table 7's NISPA (0.40) and
 Active Dendrites (0.20) rows, which the paper ran with those methods' own
 codebases (task-incremental methods, three 400-unit layers for NISPA).
 Baselines are the ReLU MLP with a regulariser; the Oracle is the ReLU MLP
@@ -53,6 +55,11 @@ import ml_collections
 # beta) with the authors' Split MNIST values (TrentBrick/SDMContinualLearner,
 # exp_commands/cont_learn_on_SplitMNIST.py; docs/reference_code.md#split-mnist: EWC beta 0.005
 # lambda 200, MAS lambda 0.5, SI beta 0.005 c 1500, L2 lambda 10), FlyModel learning rate.
+# Tuned baselines (issue 19): the published settings above forget (0.21-0.25 at both schedules,
+# with the authors' own code too), so each regulariser was tuned on a validation split
+# (`python -m experiments.tune`, 10 epochs per task, search seed 0; the grids and every grid
+# point's validation accuracy are in experiments/results/split_mnist_tuned_10ep/). They are
+# reported with fresh seeds 3, 4, 5: seed 0 chose them.
 ROWS = {
   "sdmlp_k1": dict(kind="sdmlp", neurons=1_000, k=1),
   "sdmlp": dict(kind="sdmlp", neurons=1_000, k=10),
@@ -60,11 +67,16 @@ ROWS = {
   "flymodel": dict(kind="flymodel", neurons=1_000, k=64, lr=0.005),
   "flymodel_10k": dict(kind="flymodel", neurons=10_000, k=32, lr=0.01),
   "ewc": dict(kind="relu", neurons=1_000, regularizer=("ewc", 200.0, 0.005)),
+  "ewc_tuned": dict(kind="relu", neurons=1_000, regularizer=("ewc", 1000.0, 0.08), tuned=True),
   "ewc_10k": dict(kind="relu", neurons=10_000, regularizer=("ewc", 200.0, 0.005)),
   "mas": dict(kind="relu", neurons=1_000, regularizer=("mas", 0.5, 1.0)),
+  "mas_tuned": dict(kind="relu", neurons=1_000, regularizer=("mas", 100.0, 1.0), tuned=True),
   "mas_10k": dict(kind="relu", neurons=10_000, regularizer=("mas", 0.5, 1.0)),
   "si": dict(kind="relu", neurons=1_000, regularizer=("si", 1500.0, 0.005)),
+  "si_tuned": dict(kind="relu", neurons=1_000, regularizer=("si", 1000.0, 0.15), tuned=True),
+  "si_textbook_tuned": dict(kind="relu", neurons=1_000, regularizer=("si", 3000.0, 0.005), textbook=True, tuned=True),
   "l2": dict(kind="relu", neurons=1_000, regularizer=("l2", 10.0, 1.0)),
+  "l2_tuned": dict(kind="relu", neurons=1_000, regularizer=("l2", 1.0, 1.0), tuned=True),
   "topk": dict(kind="topk", neurons=1_000, k=10),
   "relu": dict(kind="relu", neurons=1_000),
   "sdmlp_ewc": dict(kind="sdmlp", neurons=1_000, k=10, regularizer=("ewc", 200.0, 0.005)),
@@ -73,6 +85,9 @@ ROWS = {
   "oracle_10k": dict(kind="relu", neurons=10_000, oracle=True),
 }
 VARIANTS = tuple(ROWS)
+TABLE_SEEDS = (0, 1, 2)  # `experiments.reproduce`'s seeds for a published-settings row
+TUNED_SEEDS = (3, 4, 5)  # and for a tuned row: fresh, as the search used seed 0
+TUNED_ON = "validation split (10% of each class), 10 epochs per task, search seed 0"
 # Paper Table 7 (500 epochs per task, 3 seeds). L2 is not in Table 7; Table 9 gives 0.3677 for
 # 10 epochs per task, a different schedule, so no paper value is attached to it here.
 PAPER_FINAL_ACCURACY = {
@@ -92,6 +107,11 @@ PAPER_FINAL_ACCURACY = {
   "sdmlp_ewc_10k": 0.86,
   "oracle": 0.98,
   "oracle_10k": 0.99,
+  # A tuned row is compared with the same paper row (the paper does not say how it set them).
+  "ewc_tuned": 0.61,
+  "mas_tuned": 0.49,
+  "si_tuned": 0.36,
+  "si_textbook_tuned": 0.36,
 }
 SIZES = {"full": 500, "quick": 50, "tiny": 2}
 ORACLE_EPOCHS = {"full": 100, "quick": 20, "tiny": 2}  # one task holding all ten classes
@@ -213,6 +233,10 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
     config.optimizer.learning_rate = row["lr"]  # the readout's (one pass, no backpropagation)
   if "regularizer" in row:
     config.regularizer.method, config.regularizer.strength, config.regularizer.beta = row["regularizer"]
+  if row.get("textbook"):
+    config.regularizer.si_variant = "textbook"
+  if row.get("tuned"):
+    config.tuned_on = TUNED_ON
   config.paper_final_accuracy = PAPER_FINAL_ACCURACY.get(variant, -1.0)
 
   # Shorter schedules keep the switch inside the first task: scale T and s with the epochs.
@@ -228,6 +252,11 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
     config.epochs_per_task = ORACLE_EPOCHS[size]
     config.eval_every = {"full": 10, "quick": 5, "tiny": 1}[size]
   return config
+
+
+def table_seeds(variant: str) -> tuple[int, ...]:
+  """The seeds `experiments.reproduce` runs a row with when --seeds is not given."""
+  return TUNED_SEEDS if ROWS[variant].get("tuned") else TABLE_SEEDS
 
 
 def with_epochs_per_task(config: ml_collections.ConfigDict, epochs: int) -> ml_collections.ConfigDict:
