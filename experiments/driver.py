@@ -29,6 +29,7 @@ refused, and so is a pretrained run whose pretrain saw another embedder
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -151,9 +152,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # "default" leaves JAX's own setting (jax_default_matmul_precision) as it is; "high" / "highest"
   # set XLA's float32 matmul precision for this run (on CPU all are float32).
   precision = config.get("matmul_precision", "default")
-  if precision == "default":
-    return _run(config, workdir, tasks, pre, start_time)
-  with jax.default_matmul_precision(precision):
+  with contextlib.nullcontext() if precision == "default" else jax.default_matmul_precision(precision):
     return _run(config, workdir, tasks, pre, start_time)
 
 
