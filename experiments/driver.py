@@ -185,6 +185,8 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
   # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
   mesh = schema.mesh_of(config)
   states = mesh_lib.to_mesh(states, mesh)
+  if mesh is not None:  # the mesh splits models and their data rows together over `seed`
+    tasks = tasks.one_row_per_model()
   tasks = tasks.replace(
     **{name: mesh_lib.to_mesh(getattr(tasks, name), mesh, seed_axis=tasks.seed_axis) for name in continual.TASK_ARRAYS}
   )
@@ -193,6 +195,7 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
     tx,
     schema.schedule_of(config),
     seed_axis=tasks.seed_axis,
+    data_repeats=tasks.repeats,
     regularizer=regularizer,
     sparse_sgd=schema.sparse_step_for(config, spec),
     mesh=mesh,

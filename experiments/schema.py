@@ -415,7 +415,8 @@ def load_data(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   """Loads the dataset and splits it into the run's tasks (`continual.split_tasks`), on the device.
 
-  The arrays have a leading seed axis unless `class_order` is "ordinal" (every seed the same order).
+  The arrays have a leading seed axis unless `class_order` is "ordinal" (every seed the same order),
+  one row per seed (`continual.Tasks.repeats`: a population's grid points share them).
   """
   dataset = load_data(config)
   if config.get("validation_fraction", 0.0) > 0:  # choose on held-out training data, never the test set
@@ -428,8 +429,12 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
       f"{config.dataset} ({dataset.get('source', config.data_dir)})",
     )
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
-  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in members(config)[0]]
-  return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=config.class_order != "ordinal")
+  orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
+  # A population's models are its grid points times the seeds, seeds innermost (`members`): one data
+  # row per seed, shared by the grid points, instead of a copy of the dataset per model.
+  repeats = len(members(config)[0]) // len(config.seeds)
+  seed_axis = config.class_order != "ordinal"
+  return continual.split_tasks(dataset, orders, config.classes_per_task, seed_axis=seed_axis, repeats=repeats)
 
 
 def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks) -> ml_collections.ConfigDict:

@@ -66,9 +66,11 @@ class Tasks:
   Arrays are [T, ...] (all seeds share them) or [S, T, ...] when `seed_axis`
   (each seed its own class order): x [.., N, F] (uint8 pixels or float32
   features), y int32, sizes int32 (the real examples of each padded task),
-  task_classes int32 [.., T, C]. `orders`: each seed's class order (one
-  entry when the seeds share it); `source`, `lossy`, `identity`: where the
-  data came from, for the results.
+  task_classes int32 [.., T, C]. `orders`: each row's class order (one
+  entry when the seeds share it). `repeats` R: the models are R groups of
+  the S rows, model m trains on row m % S (a population trains every seed at
+  every grid point; the rows are not copied per model). `source`, `lossy`,
+  `identity`: where the data came from, for the results.
   """
 
   train_x: Any
@@ -83,6 +85,7 @@ class Tasks:
   source: str = ""
   lossy: bool = False
   identity: dict | None = None
+  repeats: int = 1
 
   @property
   def num_tasks(self) -> int:
@@ -91,12 +94,21 @@ class Tasks:
   def replace(self, **changes) -> "Tasks":
     return dataclasses.replace(self, **changes)
 
-  def order_of(self, seed_index: int) -> list[int]:
-    return list(self.orders[seed_index if self.seed_axis else 0])
+  def order_of(self, model_index: int) -> list[int]:
+    return list(self.orders[model_index % len(self.orders) if self.seed_axis else 0])
 
-  def test_sizes_of(self, seed_index: int) -> np.ndarray:
+  def test_sizes_of(self, model_index: int) -> np.ndarray:
     sizes = np.asarray(self.test_sizes)
-    return sizes[seed_index] if self.seed_axis else sizes
+    return sizes[model_index % len(sizes)] if self.seed_axis else sizes
+
+  def one_row_per_model(self) -> "Tasks":
+    """The rows tiled `repeats` times (repeats 1): what a device mesh needs, as it splits the
+    models and their data rows together over its `seed` axis."""
+    if not self.seed_axis or self.repeats == 1:
+      return self
+    tile = lambda a: jnp.tile(a, (self.repeats,) + (1,) * (a.ndim - 1))
+    tiled = {name: tile(getattr(self, name)) for name in TASK_ARRAYS}
+    return self.replace(**tiled, orders=self.orders * self.repeats, repeats=1)
 
 
 def _split_one(dataset: dict, order, classes_per_task: int) -> dict:
@@ -125,13 +137,19 @@ def _stack_padded(per_order: list[dict]) -> dict:
 
 
 def split_tasks(
-  dataset: dict, orders: Sequence[Sequence[int]], classes_per_task: int, *, seed_axis: bool | None = None
+  dataset: dict,
+  orders: Sequence[Sequence[int]],
+  classes_per_task: int,
+  *,
+  seed_axis: bool | None = None,
+  repeats: int = 1,
 ) -> Tasks:
   """Splits a dataset (the dict of `data.load_dataset`: train/test images and labels) into tasks.
 
   `orders`: one class order per seed; consecutive `classes_per_task` classes
   of an order form a task. `seed_axis`: give the arrays a leading seed axis
-  (default: when the orders differ).
+  (default: when the orders differ). `repeats`: the models are this many groups
+  of the seeds (`Tasks.repeats`; used only with a seed axis).
   """
   orders = tuple(tuple(int(c) for c in order) for order in orders)
   if seed_axis is None:
@@ -144,6 +162,7 @@ def split_tasks(
     orders=orders,
     source=dataset.get("source", ""),
     lossy=bool(dataset.get("lossy", False)),
+    repeats=repeats if seed_axis else 1,
   )
 
 
@@ -207,30 +226,27 @@ def make_engine(
   schedule: Schedule,
   *,
   seed_axis: bool,
+  data_repeats: int = 1,
   regularizer: regularizers.RegularizerSpec | None = None,
   sparse_sgd: sparse.SparseSGD | None = None,
   mesh=None,
 ) -> Engine:
-  """Builds (lazily compiles) the run's programs; `sparse_sgd` None: the dense step only."""
+  """Builds (lazily compiles) the run's programs; `sparse_sgd` None: the dense step only.
+  `data_repeats`: `Tasks.repeats` of the data it will run on."""
+  shared = dict(seed_axis_data=seed_axis, data_repeats=data_repeats, mesh=mesh)
   block = functools.partial(
-    train.make_train_block,
-    spec=spec,
-    tx=tx,
-    batch_size=schedule.batch_size,
-    epochs=schedule.eval_every,
-    seed_axis_data=seed_axis,
-    mesh=mesh,
+    train.make_train_block, spec=spec, tx=tx, batch_size=schedule.batch_size, epochs=schedule.eval_every, **shared
   )
   end_task = None
   if regularizer is not None:
-    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=seed_axis, mesh=mesh)
+    end_task = train.make_end_task(spec=spec, regularizer=regularizer, **shared)
   return Engine(
     spec=spec,
     train_block=block(regularizer=regularizer),
     sparse_block=block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
     sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
     end_task=end_task,
-    evaluate=train.make_evaluate(spec=spec, seed_axis_data=seed_axis, mesh=mesh),
+    evaluate=train.make_evaluate(spec=spec, **shared),
   )
 
 

@@ -382,13 +382,31 @@ def resolve_seed_loop(seed_loop: str) -> str:
   return seed_loop
 
 
-def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_args: int = 3):
+def over_seeds(fn, *, seed_axis_data: bool, seed_loop: str = "auto", num_data_args: int = 3, data_repeats: int = 1):
   """Lifts fn(state, *data, *rest) to states stacked on a leading seed axis.
 
   The first `num_data_args` arguments after the state are task arrays, with a
   leading seed axis iff `seed_axis_data`; the remaining ones are shared.
-  Both strategies compute the same numbers (tests/train_test.py).
+  `data_repeats` R > 1: the models are R groups of the data's rows (a population in which every
+  grid point trains every seed, seeds innermost), so model m reads row m % rows and the rows are
+  never copied per model. Both strategies compute the same numbers (tests/train_test.py).
   """
+  lifted = _over_rows(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=num_data_args)
+  if not seed_axis_data or data_repeats == 1:
+    return lifted
+  outer = (lambda f, xs: jax.vmap(f)(xs)) if resolve_seed_loop(seed_loop) == "vmap" else jax.lax.map
+
+  def grouped(states, *args):
+    # [R * rows, ...] -> [R, rows, ...]: a reshape, so the data stays [rows, ...] and is shared by the groups.
+    groups = jax.tree.map(lambda a: a.reshape(data_repeats, -1, *a.shape[1:]), states)
+    out = outer(lambda group: lifted(group, *args), groups)
+    return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
+
+  return grouped
+
+
+def _over_rows(fn, *, seed_axis_data: bool, seed_loop: str, num_data_args: int):
+  """`over_seeds` for data with one row per model (or none): vmap or `lax.map` over the models."""
   if resolve_seed_loop(seed_loop) == "vmap":
     data_axis = 0 if seed_axis_data else None
 
@@ -415,6 +433,7 @@ def make_train_block(
   epochs: int,
   seed_axis_data: bool,
   seed_loop: str = "auto",
+  data_repeats: int = 1,
   sparse_sgd: sparse.SparseSGD | None = None,
   regularizer: regularizers.RegularizerSpec | None = None,
   mesh=None,
@@ -425,6 +444,7 @@ def make_train_block(
     seed_axis_data: True if the task arrays carry a leading seed axis (each
       seed has its own class order); False if all seeds share them.
     seed_loop: "vmap", "map" (`lax.map`) or "auto" (see `resolve_seed_loop`).
+    data_repeats: the models are this many groups of the data's seed rows (`over_seeds`).
     sparse_sgd: run the sparse SGD step instead of `tx` (the same clip -> sgd
       -> projection chain, computed only for the active units). Needs
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
@@ -458,7 +478,9 @@ def make_train_block(
     data_axis=data_axis,
   )
   fn = mesh_lib.shard_seeds(
-    over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh, seed_axis_data=seed_axis_data
+    over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, data_repeats=data_repeats),
+    mesh,
+    seed_axis_data=seed_axis_data,
   )
   return jax.jit(fn, donate_argnums=0)
 
@@ -566,6 +588,7 @@ def make_end_task(
   regularizer: regularizers.RegularizerSpec,
   seed_axis_data: bool,
   seed_loop: str = "auto",
+  data_repeats: int = 1,
   mesh=None,
 ):
   """jit of `end_task` over the leading seed axis (over the mesh's `seed` axis with `mesh`;
@@ -573,7 +596,9 @@ def make_end_task(
   fn = functools.partial(end_task, spec=spec, regularizer=regularizer)
   return jax.jit(
     mesh_lib.shard_seeds(
-      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop), mesh, seed_axis_data=seed_axis_data
+      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, data_repeats=data_repeats),
+      mesh,
+      seed_axis_data=seed_axis_data,
     )
   )
 
@@ -606,12 +631,14 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
   return EvalCounts(correct, correct_masked, count)
 
 
-def make_evaluate(*, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto", mesh=None):
+def make_evaluate(
+  *, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto", data_repeats: int = 1, mesh=None
+):
   """jit of `evaluate_tasks` over the leading seed axis (over the mesh's `seed` axis with `mesh`)."""
   fn = functools.partial(evaluate_tasks, spec=spec)
   return jax.jit(
     mesh_lib.shard_seeds(
-      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=4),
+      over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, num_data_args=4, data_repeats=data_repeats),
       mesh,
       seed_axis_data=seed_axis_data,
       num_data_args=4,

@@ -90,6 +90,23 @@ def test_split_tasks_pads_and_stacks_orders():
   assert continual.gaba_switch_activations(own, 2.0) == 6.0  # 2 epochs of the smaller first task (3)
 
 
+def test_a_population_shares_one_data_row_per_seed():
+  """3 grid points x 2 seeds: 2 rows, model m reads row m % 2; a mesh gets them tiled to 6."""
+  x = np.arange(12, dtype=np.uint8).reshape(6, 2)
+  y = np.array([0, 0, 1, 2, 2, 3])
+  dataset = dict(train_images=x, train_labels=y, test_images=x, test_labels=y)
+  tasks = continual.split_tasks(dataset, [[0, 1, 2, 3], [0, 2, 1, 3]], 2, repeats=3)
+  assert tasks.repeats == 3 and tasks.train_x.shape[0] == 2
+  assert [tasks.order_of(m)[1] for m in range(6)] == [1, 2, 1, 2, 1, 2]
+  np.testing.assert_array_equal(tasks.test_sizes_of(5), [4, 2])
+  tiled = tasks.one_row_per_model()
+  assert tiled.repeats == 1 and tiled.train_x.shape == (6, 2, 4, 2) and len(tiled.orders) == 6
+  for m in range(6):
+    np.testing.assert_array_equal(tiled.train_x[m], tasks.train_x[m % 2])
+    assert tiled.order_of(m) == tasks.order_of(m)
+  assert continual.split_tasks(dataset, [[0, 1, 2, 3]], 2, seed_axis=False, repeats=3).repeats == 1
+
+
 def test_fit_refuses_a_batch_larger_than_a_task():
   with pytest.raises(ValueError, match="batch_size 64 is larger than the smallest task"):
     continual.fit(np.zeros((40, 3)), np.repeat(np.arange(4), 10), batch_size=64)

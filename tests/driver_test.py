@@ -9,7 +9,7 @@ import pytest
 
 from experiments.configs import split_mnist
 from sdm_jax import final_state, metric_writers
-from experiments import driver
+from experiments import driver, schema
 from sdm_jax.data import embeddings
 
 
@@ -358,6 +358,23 @@ def test_a_population_is_its_members_run_one_by_one_and_compiles_once(tmp_path, 
   assert max(task1[2:]) > max(task1[:2])
   rows = metric_writers.read_rows(tmp_path / "population" / "metrics.csv")
   assert {r["member"] for r in rows} == {0, 1, 2, 3} and rows[1]["regularizer.beta"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_population_with_per_seed_class_orders_trains_each_member_on_its_seeds_order(tmp_path):
+  """λ (2 values) x seeds 3, 97 with class_order='by_seed': the grid points share one data row per
+  seed (`continual.Tasks.repeats`), and each member equals its own run (<= 1e-5 on CPU)."""
+  config = _tiny("ewc", seeds=(3, 97), class_order="by_seed", **{"population.regularizer.strength": (30.0, 3000.0)})
+  tasks = schema.build_tasks(config)
+  assert tasks.repeats == 2 and tasks.train_x.shape[0] == 2
+  results = driver.train_and_evaluate(config, tmp_path / "population")
+  orders = [m["class_order"][:2] for m in results["per_seed"]]
+  assert orders == [[5, 4], [7, 1], [5, 4], [7, 1]]
+  for member, (strength, seed) in [(1, (30.0, 97)), (2, (3000.0, 3))]:
+    alone = _tiny("ewc", seeds=(seed,), class_order="by_seed")
+    alone.regularizer.strength = strength
+    alone = driver.train_and_evaluate(alone, tmp_path / f"alone{member}")
+    np.testing.assert_allclose(results["per_seed"][member]["acc_matrix"], alone["per_seed"][0]["acc_matrix"], atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -340,8 +340,9 @@ def test_two_processes_with_jax_distributed_agree_with_one(on_8_devices, tmp_pat
 
 
 def _population_run(workdir, devices):
-  """A 3-member EWC population (lambda 1, 300, 3000; one seed) from the command line on `devices`
-  forced host devices: the members are padded to 8 and sharded like seeds."""
+  """A 3-member EWC population (lambda 1, 300, 3000; one seed, with its own class order) from the
+  command line on `devices` forced host devices: the members are padded to 8 and sharded like
+  seeds. One device shares the seed's data row among the members; a mesh gets it tiled per member."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
   flags = [
     "--config=experiments/configs/split_mnist.py:ewc,tiny",
@@ -352,6 +353,7 @@ def _population_run(workdir, devices):
     "--config.checkpoint_every_epochs=1",
     "--config.keep_checkpoints=10",
     "--config.population.regularizer.strength=(1.0,300.0,3000.0)",
+    "--config.class_order=by_seed",
   ]
   return subprocess.Popen(
     [sys.executable, "-m", "experiments.split_mnist", *flags],

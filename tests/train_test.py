@@ -268,3 +268,17 @@ def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
     )
     assert calls[0] == expect and ran_sparse == (expect == "sparse" and exact)
     assert (schedule.retry_at, schedule.started) == (retry_at, started)
+
+
+@pytest.mark.parametrize("seed_loop", ["map", "vmap"])
+def test_over_seeds_with_repeated_data_rows_equals_one_row_per_model(seed_loop):
+  """A population (2 grid points x 3 seeds) reads row m % 3 of the data without copying it per model."""
+  fn = lambda state, x, y, shared: {"out": state["w"] * x.sum() + y + shared}
+  states = {"w": jnp.arange(6.0)}
+  x, y = jnp.arange(12.0).reshape(3, 4), jnp.array([10.0, 20.0, 30.0])
+  lift = lambda rep: train.over_seeds(fn, seed_axis_data=True, seed_loop=seed_loop, num_data_args=2, data_repeats=rep)
+  grouped = jax.jit(lift(2))(states, x, y, 0.5)
+  tiled = jax.jit(lift(1))(states, jnp.tile(x, (2, 1)), jnp.tile(y, 2), 0.5)
+  expected = [m * x[m % 3].sum() + y[m % 3] + 0.5 for m in range(6)]
+  np.testing.assert_allclose(grouped["out"], expected)
+  np.testing.assert_allclose(tiled["out"], expected)
