@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-import platform
 import time
 
 import numpy as np
@@ -180,8 +179,8 @@ def _table_text(title: str, machine: str, command: str, others: list, lines: lis
   """The markdown table: what was measured where and how, then one line per row."""
   return (
     f"# {title}: paper vs sdm_jax\n\n"
-    f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor()}, "
-    f"{machine}. Seeds run as one program per row. Regulariser: published = the authors' "
+    # `machine` is the one the results were measured on (results.json), not this host.
+    f"{time.strftime('%Y-%m-%d')}, {machine or 'machine not recorded'}. Seeds run as one program per row. Regulariser: published = the authors' "
     "settings, tuned = chosen on a validation split (the row's `tuned_on`). Final accuracy = accuracy on "
     "the full test set after the last task (the paper's metric); forgetting = max over earlier "
     "task-end evaluations − final, averaged over all tasks but the last; BWT = final − "

@@ -1,6 +1,7 @@
 """experiments.tables: rows run once, resume, and the markdown table carries paper and measured values."""
 
 import json
+import time
 
 import pytest
 
@@ -35,6 +36,8 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   dead = [s["dead_fraction"] for s in results["sdmlp"]["per_seed"]]
   assert 0.0 <= min(dead) and max(dead) <= 1.0
   assert (tmp_path / "t.png").stat().st_size > 10_000  # the figure beside the table
+  header = text.splitlines()[2]  # date, then the machine the results name, once
+  assert header.startswith(time.strftime("%Y-%m-%d") + ", " + results["sdmlp"]["machine"] + ". ")
 
   # A second call reruns nothing: every row finished with the same config.
   def fail(*args, **kwargs):
