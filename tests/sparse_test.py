@@ -12,7 +12,6 @@ import pytest
 from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
 
 
-@functools.lru_cache(maxsize=None)
 @pytest.fixture(autouse=True)
 def _ffi_on_the_cpu_device(request):
   """The FFI kernels are registered for the CPU platform only: their cases run on the CPU device on
@@ -97,6 +96,8 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
   (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on every address path."""
   if kernel == "ffi" and not cpu_kernels.available():  # tests/cpu_kernels_test.py asserts it builds with g++
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if kernel == "ffi":  # the autouse fixture above put this case on the CPU device
+    assert jax.config.jax_default_device == jax.devices("cpu")[0]
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
   tx = optim.make_optimizer(
