@@ -373,7 +373,7 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
   o = config.optimizer
   if config.get("train_step", "auto") != "auto" or not sparse.eligible(
-    spec, optimizer=o.name, weight_decay=o.weight_decay, regularized=regularizer_spec(config) is not None
+    spec, optimizer=o.name, weight_decay=o.weight_decay, regularizer=regularizer_spec(config)
   ):
     return None
   if train.resolve_seed_loop("auto") != "map":

@@ -3,21 +3,29 @@
 Synopsis::
 
     if cpu_kernels.available():          # builds (once per source/jaxlib/flags/CPU) and registers
-      addresses, step = cpu_kernels.sparse_update(addresses, x, d_hidden, winners, values_sq,
+      slots, total = cpu_kernels.active_units(a, lam, k=10, num_slots=128 * 26)
+      addresses, step = cpu_kernels.sparse_update(addresses, x, (d, neuron, example), values_sq,
                                                   learning_rate=0.05, clip_norm=1.0)
 
-`sparse_update` is the sparse SGD step's address update (`sparse._update_touched_rows`
-without a capacity): the gradient row of neuron i is the sum of d_hidden[b, j] * x[b] over
-the slots (b, j) it won, B * m axpys of length n (1.3M multiply-adds at batch 128, k = 10,
-n = 784) instead of XLA's dense [touched, B] @ [B, n] matmul (50M); then the global-norm
-clip, the SGD step, ReLU and the L2 normalisation of the touched rows, in place (the
-addresses are aliased to the result, so XLA passes the buffer through without a copy).
-`top_values_and_indices` is `layers.top_values_and_indices(a, m, axis=0)` on the
-neuron-major activations [r, B]: the m-th largest of the maxima of chunks of 8 neurons
-(branch-free SIMD across the batch) bounds each example's m-th value from below, so one more
-pass sends only ~m entries per example to a scalar insertion. `sparse_winners` adds the
-threshold, the GABA count and both cases of the switch, i.e. the sparse step's whole
-selection. Source: `sdm_jax/csrc/sparse_step.cc`.
+`active_units` is the sparse step's selection: from the neuron-major activations a [r, B] and
+the GABA lambdas, the threshold I (the (k+1)-th largest per example, Eq. 4) and every unit
+with a > lambda I, as a flat list of slots (example, neuron, a*) sorted by example, with a
+capacity on the batch's TOTAL number of active units and none per example (after the switch
+only the top k can fire and they come from the one selection; during it two more passes over
+a collect all of them). The top-(k+1) selection (also `top_values_and_indices`, i.e.
+`layers.top_values_and_indices(a, m, axis=0)`): the m-th largest of the maxima of chunks of 8
+neurons (branch-free SIMD across the batch) bounds each example's m-th value from below, so one
+more pass sends only ~m entries per example to a scalar insertion.
+
+`sparse_update` is the address update from the slots (`sparse._update_touched_rows` without a
+capacity): the gradient row of neuron i is the sum of d[s] * x[example[s]] over its slots, one
+axpy of length n per active unit (1.3M multiply-adds at batch 128, k = 10, n = 784, against the
+50M of a dense [r, B] @ [B, n] matmul at 1K neurons); then the global-norm clip, the SGD step,
+ReLU and the L2 normalisation of the touched rows, in place (the addresses are aliased to the
+result, so XLA passes the buffer through without a copy). `sparse_update_penalized` adds a
+regulariser's quadratic penalty (EWC, MAS, SI's penalty, L2: `regularizers.penalty`'s folded
+form), whose gradient is elementwise: only the rows it touches are read.
+Source: `sdm_jax/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
 -march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else
@@ -51,8 +59,9 @@ _SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
 # FFI target name -> exported handler symbol.
 _TARGETS = {
   "sdm_jax_sparse_update": "SdmSparseUpdate",
+  "sdm_jax_sparse_update_penalized": "SdmSparseUpdatePenalized",
   "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
-  "sdm_jax_sparse_winners": "SdmSparseWinners",
+  "sdm_jax_active_units": "SdmActiveUnits",
 }
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _BUILD_TIMEOUT_S = 300
@@ -163,40 +172,82 @@ def build_error() -> str | None:
   return _state["error"]
 
 
-def sparse_update(addresses, x, d_hidden, winners, values_sq, *, learning_rate: float, clip_norm: float | None):
+def _check_available():
+  if not available():
+    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+
+
+def sparse_update(addresses, x, slots, values_sq, *, learning_rate: float, clip_norm: float | None):
   """The sparse step's address update on CPU; returns (new addresses [r, n], step size []).
 
   addresses [..., r, n] f32 neuron-major (donated to the result: no copy), x [..., B, n],
-  d_hidden [..., B, m], winners [..., B, m] int, values_sq [...] (the squared norm of the
-  output-layer gradient, part of the global norm). `clip_norm` None or 0: no clipping.
-  Under `jax.vmap` all operands get the batch axis (vmap_method="broadcast_all") and the
-  kernel loops over it.
+  `slots` = (d, neuron, example), each [..., S]: dL/da* of each active unit, its neuron and its
+  example (`active_units`; neurons outside [0, r) are padding), values_sq [...] (the squared norm
+  of the output layer's gradient, part of the global norm). The gradient row of neuron i is the
+  sum of d * x[example] over its slots: one axpy of length n per active unit. `clip_norm` None
+  or 0: no clipping. Under `jax.vmap` all operands get the batch axis
+  (vmap_method="broadcast_all") and the kernel loops over it.
   """
-  if not available():
-    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+  _check_available()
   call = jax.ffi.ffi_call(
     "sdm_jax_sparse_update",
-    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(values_sq.shape, jnp.float32)),
+    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)),
     input_output_aliases={0: 0},
     vmap_method="broadcast_all",
   )
   return call(
     addresses.astype(jnp.float32),
     x.astype(jnp.float32),
-    d_hidden.astype(jnp.float32),
-    winners.astype(jnp.int32),
+    *_slot_operands(slots),
     jnp.asarray(values_sq, jnp.float32),
     learning_rate=np.float64(learning_rate),
     clip_norm=np.float64(clip_norm or 0.0),
   )
 
 
+def sparse_update_penalized(
+  addresses, x, slots, values_sq, curvature, center, rows, strength, *, learning_rate: float, clip_norm: float | None
+):
+  """`sparse_update` with the folded quadratic penalty strength * sum A (theta - m)^2 on the addresses.
+
+  curvature A and center m [..., r, n] neuron-major (`regularizers.RegState`), rows [..., r] bool
+  (the rows whose A is not all zero: only they are read), strength [...] (λ, traced). The penalty's
+  gradient 2 λ A (theta - m) joins the data gradient of each marked row, the global norm covers
+  both, and every row with a non-zero gradient is stepped and re-projected. Returns (new addresses,
+  step size, the penalty's value sum A (theta - m)^2 at the old addresses, without λ).
+  """
+  _check_available()
+  scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
+  call = jax.ffi.ffi_call(
+    "sdm_jax_sparse_update_penalized",
+    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), scalar, scalar),
+    input_output_aliases={0: 0},
+    vmap_method="broadcast_all",
+  )
+  return call(
+    addresses.astype(jnp.float32),
+    x.astype(jnp.float32),
+    *_slot_operands(slots),
+    jnp.asarray(values_sq, jnp.float32),
+    curvature.astype(jnp.float32),
+    center.astype(jnp.float32),
+    rows.astype(jnp.uint8),
+    jnp.asarray(strength, jnp.float32),
+    learning_rate=np.float64(learning_rate),
+    clip_norm=np.float64(clip_norm or 0.0),
+  )
+
+
+def _slot_operands(slots):
+  d, neuron, example = slots
+  return d.astype(jnp.float32), neuron.astype(jnp.int32), example.astype(jnp.int32)
+
+
 def top_values_and_indices(a, m: int):
   """`layers.top_values_and_indices(a, m, axis=0)` on CPU: a [..., r, B] non-negative f32
   (neuron-major) -> (values [..., B, m] descending, indices [..., B, m] int32), exact, ties
   counted with multiplicity (the lower index first). Gradient-stopped."""
-  if not available():
-    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
+  _check_available()
   if a.ndim < 2 or not 1 <= m <= a.shape[-2]:
     raise ValueError(f"expected a [..., r, B] with 1 <= m <= r, got shape {a.shape}, m={m}")
   batch_shape = a.shape[:-2] + (a.shape[-1], m)
@@ -208,33 +259,35 @@ def top_values_and_indices(a, m: int):
   return call(jax.lax.stop_gradient(a).astype(jnp.float32))
 
 
-def sparse_winners(a, lam, *, k: int, capacity: int):
-  """The sparse step's active units from neuron-major activations, in one pass (after the switch).
+def active_units(a, lam, *, k: int, num_slots: int):
+  """The sparse step's active units from neuron-major activations, as slots sorted by example.
 
-  a [..., r, B] non-negative f32, lam [..., r] the GABA lambdas (Eq. 8; ones for a fixed k).
-  With I_b the (k+1)-th largest a[:, b], returns hidden [..., B, capacity] (the `capacity`
-  largest relu(a[:, b] - lam I_b), descending), winners [..., B, capacity] int32 (their
-  neurons) and active [..., B] int32 (#{i : a[i, b] > lam_i I_b}; more than `capacity` means
-  the step dropped units). The same as `sparse.train_step`'s XLA selection, threshold, count
-  and `lax.cond` on the switch, in one call. Gradient-stopped.
+  a [..., r, B] non-negative f32, lam [..., r] the GABA lambdas (App. B.3's switch; ones for a
+  fixed k). With I_b the (k+1)-th largest a[:, b] (Eq. 4), every unit with a[i, b] > lam_i I_b
+  fires with a*[b, i] = a[i, b] - lam_i I_b. Returns (example, neuron, value), each
+  [..., num_slots] (int32, int32, f32; the first `total` slots hold the active units, sorted by
+  example; the rest example = B, neuron = r, value = 0), and total [...] int32, the number of
+  active units (more than `num_slots` means some were dropped). No capacity per example: the
+  units of one example may fill any share of the slots. Gradient-stopped.
   """
-  if not available():
-    raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
-  if a.ndim < 2 or lam.shape != a.shape[:-1] or not (capacity >= 1 and max(k + 1, capacity) <= a.shape[-2]):
+  _check_available()
+  if a.ndim < 2 or lam.shape != a.shape[:-1] or not (num_slots >= 1 and k + 1 <= a.shape[-2]):
     raise ValueError(
-      f"expected a [..., r, B], lam [..., r], max(k + 1, capacity) <= r; got {a.shape}, "
-      f"{lam.shape}, k={k}, capacity={capacity}"
+      f"expected a [..., r, B], lam [..., r], k + 1 <= r, num_slots >= 1; got {a.shape}, "
+      f"{lam.shape}, k={k}, num_slots={num_slots}"
     )
-  shape = a.shape[:-2] + (a.shape[-1], capacity)
+  shape = a.shape[:-2] + (num_slots,)
   call = jax.ffi.ffi_call(
-    "sdm_jax_sparse_winners",
+    "sdm_jax_active_units",
     (
-      jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
-      jax.ShapeDtypeStruct(shape[:-1], jnp.int32),
+      jax.ShapeDtypeStruct(shape, jnp.int32),
+      jax.ShapeDtypeStruct(shape, jnp.float32),
+      jax.ShapeDtypeStruct(a.shape[:-2], jnp.int32),
     ),
     vmap_method="broadcast_all",
   )
-  return call(
+  example, neuron, value, total = call(
     jax.lax.stop_gradient(a).astype(jnp.float32), jax.lax.stop_gradient(lam).astype(jnp.float32), k=np.int64(k)
   )
+  return (example, neuron, value), total

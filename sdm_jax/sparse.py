@@ -1,4 +1,4 @@
-"""The sparse SGD step: after the GABA switch, pay only for the k winners per example.
+"""The sparse SGD step: after the GABA switch, pay only for the active units of each example.
 
 Synopsis::
 
@@ -7,60 +7,58 @@ Synopsis::
                                   sparse_sgd=sparse.SparseSGD(0.05, 1.0))   # needs sparse.eligible(...)
     states, metrics, ran_sparse = train.run_block(states, *task_data, dense_block=dense, sparse_block=fast)
 
-Why it is exact. Eq. 4 / Eq. 8 give a* = relu(a - lambda I) with I the detached
-(k+1)-th largest activation: once every lambda is +1 at most k units per
-example are non-zero, and while some neurons are still short of +1 a few more;
-only non-zero units pass gradient. With plain SGD (no momentum, no weight
-decay) a neuron that no example of the batch activated gets a zero update,
-and its address is already on the constraint set, so it needs no
-re-projection. The step therefore:
+Why it is exact. Eq. 4 and the GABA switch (App. B.3) give a* = relu(a - lambda I) with I the
+detached (k+1)-th largest activation: once every lambda is +1 at most k units per example are
+non-zero, and while some neurons are still short of +1 a few more; only non-zero units pass
+gradient. With plain SGD (no momentum, no weight decay) a neuron that no example of the batch
+activated gets a zero data gradient, and its address is already on the constraint set, so it
+needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, L2: `regularizers.penalty`,
+λ Σ A (θ − m)² in its folded form) adds the elementwise gradient 2λ A (θ − m): no matmul, and
+zero on the rows where A is zero. The step therefore:
 
-1. forward: a = x X_a (the one dense matmul), the threshold, a*, and the
-   values and indices of the (at most m) active units per example
-   (`layers.top_values_and_indices`; on CPU by default one C++ kernel,
-   `cpu_kernels.sparse_winners`, does the selection, the threshold, the GABA
-   count and both cases of the switch); logits from those units;
-2. backward by hand: d logits, then d a* for the k winners, d X_v as a scatter of
-   k rows per example;
+1. forward: a = x X_a (the one dense matmul), the threshold, and every active unit as a slot
+   (example, neuron, a*), sorted by example. The slots hold the batch's TOTAL active count
+   (`SparseSGD.capacity` per example on average), with no limit per example: an example whose
+   neurons are short of lambda = +1 may fire 300 units while the batch's mean stays near k. On
+   CPU by default one C++ kernel (`cpu_kernels.active_units`) does the selection, the
+   threshold, the GABA lambdas and both cases of the switch; elsewhere XLA (`_active_units`);
+   logits from the slots;
+2. backward by hand: d logits, then d a* per slot, d X_v as a scatter of the slots' rows;
 3. d X_a, clipping and the update (`SparseSGD.kernel`):
-   - on CPU (default when it builds): one XLA FFI custom call in C++
-     (`cpu_kernels.sparse_update`, `csrc/sparse_update.cc`) that groups the B * m
-     (example, winner) slots by neuron, sums each touched neuron's gradient row
-     as d a*_bj x_b axpys of length n (1.3M multiply-adds at 1K or 10K neurons,
-     batch 128, k = 10, instead of a 50M dense matmul), takes the exact global
-     norm from those rows, and clips, steps, clamps and normalises the touched
-     rows in place (the addresses buffer is aliased to the result: no copy);
-     no capacity, so it never overflows. Without a C++ compiler, or on GPU/TPU,
-     one of the two XLA paths below (`SparseSGD.max_touched`):
-   - small layers (B * k >= r, e.g. 1K neurons): the batch's distinct neurons
-     (a few hundred of 1,000 on MNIST) are gathered once; their gradient rows
-     are one [touched, B] @ [B, n] matmul, whose squared sum is the exact
-     address part of the global norm; each row is updated, clamped >= 0,
-     normalised and written once;
-   - large layers (10K): d X_a as a scatter-add of k address rows
-     x_b * d a*_bj per example; for clipping a cheap upper bound on ||g||
-     (triangle inequality, unit inputs) settles most steps, otherwise the exact
-     norm, duplicates included: ||x^T dA||^2 = sum_i dA_i^T G dA_i with the
-     Gram matrix G = x x^T, over the touched columns only; then the SDM
-     projection on the touched rows only;
-4. X_v (r x classes, small) is updated and clamped densely.
+   - on CPU (default when it builds): one XLA FFI custom call in C++ (`cpu_kernels.sparse_update`,
+     `csrc/sparse_step.cc`) that groups the slots by neuron, sums each touched neuron's gradient
+     row as one axpy of length n per slot (1.3M multiply-adds at 1K or 10K neurons, batch 128,
+     k = 10, instead of a 50M dense matmul at 1K), adds the penalty's gradient on the rows whose A
+     is not zero (`cpu_kernels.sparse_update_penalized`), takes the exact global norm from those
+     rows, and clips, steps, clamps and normalises them in place (the addresses buffer is aliased
+     to the result: no copy). Without a C++ compiler, or on GPU/TPU, one of the XLA paths
+     below (`SparseSGD.max_touched`);
+   - small layers (slots >= r, e.g. 1K neurons): the batch's distinct neurons are gathered once;
+     their gradient rows are one [touched, B] @ [B, n] matmul, whose squared sum is the exact
+     address part of the global norm; each row is updated, clamped >= 0, normalised and written once;
+   - large layers (10K): d X_a as a scatter-add of one address row x_b * d a*_bi per slot; for
+     clipping a cheap upper bound on ||g|| (triangle inequality, unit inputs) settles most steps,
+     otherwise the exact norm, duplicates included: ||x^T dA||^2 = sum_i dA_i^T G dA_i with the
+     Gram matrix G = x x^T, over the touched columns only; then the SDM projection on the touched
+     rows only;
+   - with a penalty, XLA takes the dense elementwise route: the penalty's gradient over all
+     address rows plus the data rows scattered in, one norm, every row with a gradient stepped;
+4. X_v (r x classes, small) is updated and clamped densely, its penalty gradient included.
 
-The addresses are carried neuron-major ([r, n]) inside a block of epochs, so a
-neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
+The addresses (and a penalty's A and m) are carried neuron-major ([r, n]) inside a block of
+epochs, so a neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
 columns); `train.make_train_block` transposes in and out once per block.
 
-A batch in which some example has more than m active units (early in the
-switch, lambda = -1 makes every unit fire; later, neurons short of +1 fire
-beyond the top k), or that touches more distinct neurons than the compact
-path holds, is flagged, and `train.run_block` redoes the whole block of
-epochs with the dense step from a copy of the state, so results are always
-exact. The dense path (`train.train_step`) stays for momentum optimisers,
-regularisers, biases, dropout, masks and linear annealing.
-`tests/sparse_test.py` checks the two agree to 1e-5, through the switch, with
-neurons shared across a batch. Measured on CPU only (benchmarks/README.md);
-the experiment runner uses it on CPU (`lax.map` over seeds) only.
-`tests/cpu_kernels_test.py` checks the CPU kernel against numpy and the XLA update,
-under `vmap` and `lax.map`, and the fallback when it cannot be built.
+A batch with more active units than the slots hold (early in the switch, lambda = -1 makes
+every unit fire), or that touches more distinct neurons than the compact XLA path holds, is
+flagged, and `train.run_block` redoes the whole block of epochs with the dense step from a copy
+of the state, so results are always exact. The dense path (`train.train_step`) stays for
+momentum optimisers, SI's path integral, biases, dropout, masks and linear annealing.
+`tests/sparse_test.py` checks the two agree to 1e-5, through the switch, beyond k active units
+per example, with every penalty, with neurons shared across a batch. Measured on CPU only
+(benchmarks/README.md); the experiment runner uses it on CPU (`lax.map` over seeds) only.
+`tests/cpu_kernels_test.py` checks the CPU kernels against numpy and the XLA paths, under `vmap`
+and `lax.map`, and the fallback when they cannot be built.
 """
 
 from __future__ import annotations
@@ -71,37 +69,38 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax import cpu_kernels, layers, models
+from sdm_jax import cpu_kernels, layers, models, regularizers
 
 
 KERNELS = ("auto", "xla", "ffi")
+# Regularisers whose whole effect on a step is the folded quadratic penalty (SI also changes its
+# path integral every step, from a second gradient: it stays on the dense step).
+PENALTY_METHODS = ("ewc", "mas", "l2")
 
 
 class SparseSGD(NamedTuple):
   """The optimiser the sparse step implements: clip_by_global_norm -> sgd -> projection.
 
-  `max_active` is the static number of active units per example the sparse
-  step carries (default k: after the switch at most k fire). A batch in which
-  some example has more (neurons still short of lambda = +1 fire beyond the
-  top k) is flagged, and `train.run_block` redoes its block with the dense step, so
-  the result is always exact. The
-  scatters cost B * max_active rows, so a larger value is slower everywhere.
+  `max_active`: the mean number of active units per example the step's slots hold, i.e.
+  B * max_active slots for the batch's total (default max(2k, k + 16), at most the neurons;
+  at least k). One example may take any share of them: the main job's examples have mean
+  10.4, p99 20 and maximum 295 active units after the switch (k = 10), which a per-example
+  capacity would either drop or pay for on every example. A batch with more active units in
+  all is flagged, and `train.run_block` redoes its block with the dense step, so the result is
+  always exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and
+  the FFI path's logits and output layer, in proportion to the slots.
 
-  `max_touched` picks how the address rows are updated. 0: one scatter-add row
-  per (example, winner) slot, B * max_active rows. n > 0: the distinct neurons
-  of the batch (at most n; more is flagged like `max_active`) are gathered once,
-  their gradient rows are one [n, B] @ [B, inputs] matmul, and each is written
-  once. None (default): the compact path when B * max_active >= r (a small
-  layer, where the slots outnumber the neurons: 1,280 slots for 1K neurons, of
-  which MNIST batches touch <= 370; ~1.3x faster per step) with
-  n = max(r // 2, min(r, 256)), else the per-slot path (10K neurons: the same
-  speed, and no overflow). It applies to the XLA update only.
+  `max_touched` picks how the XLA path updates the address rows. 0: one scatter-add row per
+  slot. n > 0: the distinct neurons of the batch (at most n; more is flagged like the slots)
+  are gathered once, their gradient rows are one [n, B] @ [B, inputs] matmul, and each is
+  written once. None (default): the compact path when the slots outnumber the neurons (a
+  small layer: 1K neurons; ~1.3x faster per step) with n = max(r // 2, min(r, 256)), else the
+  per-slot path (10K neurons). It applies to the XLA update only.
 
-  `kernel` picks how the selection and the address update run: "auto"
-  (default) the C++ FFI kernels (`cpu_kernels.sparse_winners` and
-  `cpu_kernels.sparse_update`: no touched capacity) when the default backend is
-  CPU and they build, else XLA; "xla" always the XLA paths; "ffi" the kernels
-  or an error (see `address_kernel`).
+  `kernel` picks how the selection and the address update run: "auto" (default) the C++ FFI
+  kernels (`cpu_kernels.active_units` and `cpu_kernels.sparse_update`: no touched capacity)
+  when the default backend is CPU and they build, else XLA; "xla" always the XLA paths; "ffi"
+  the kernels or an error (see `address_kernel`).
   """
 
   learning_rate: float
@@ -131,22 +130,33 @@ class SparseSGD(NamedTuple):
     return "xla"
 
   def capacity(self, spec: models.ModelSpec) -> int:
-    return min(self.max_active or spec.k, spec.neurons)
+    """Mean active units per example the slots hold (`max_active`)."""
+    if self.max_active is not None and self.max_active < spec.k:
+      raise ValueError(f"SparseSGD.max_active={self.max_active} is below k={spec.k}: after the switch k units fire")
+    return min(self.max_active or max(2 * spec.k, spec.k + 16), spec.neurons)
+
+  def num_slots(self, spec: models.ModelSpec, batch: int) -> int:
+    """The static number of slots of a batch: batch * `capacity`."""
+    return batch * self.capacity(spec)
 
   def touched_capacity(self, spec: models.ModelSpec, batch: int) -> int:
     """Static distinct-neuron capacity of the compact path, or 0 for the per-slot path."""
     if self.max_touched is not None:
       return min(self.max_touched, spec.neurons)
-    if batch * self.capacity(spec) < spec.neurons:
+    if self.num_slots(spec, batch) < spec.neurons:
       return 0
     # Half the neurons (500 of 1K); all of a small layer (<= 256), whose batches touch most of it.
     return max(spec.neurons // 2, min(spec.neurons, 256))
 
 
 def ineligibility(
-  spec: models.ModelSpec, *, optimizer: str, weight_decay: float = 0.0, regularized: bool = False
+  spec: models.ModelSpec,
+  *,
+  optimizer: str,
+  weight_decay: float = 0.0,
+  regularizer: regularizers.RegularizerSpec | None = None,
 ) -> str | None:
-  """Why the sparse step could not be exact for this model/optimiser, or None if it can."""
+  """Why the sparse step could not be exact for this model/optimiser/regulariser, or None if it can."""
   if spec.k_schedule not in ("gaba", "flat"):
     return f"k_schedule {spec.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"
   if spec.inhibition != "subtract" and spec.k_schedule != "gaba":
@@ -159,8 +169,8 @@ def ineligibility(
     return "dropout"
   if optimizer != "sgd" or weight_decay:
     return f"optimizer {optimizer!r} (only plain sgd leaves silent neurons untouched)"
-  if regularized:
-    return "a regulariser penalty (it updates every parameter)"
+  if regularizer is not None and regularizer.method not in PENALTY_METHODS:
+    return f"regulariser {regularizer.method!r} (its per-step path integral needs a second gradient)"
   return None
 
 
@@ -176,114 +186,173 @@ def to_neuron_major(params: dict) -> dict:
 to_input_major = to_neuron_major  # the transpose is its own inverse
 
 
-def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD):
+class Penalty(NamedTuple):
+  """A regulariser's folded quadratic penalty as the sparse step reads it (`penalty_of`).
+
+  address_curvature, address_center: A and m of the hidden kernel, neuron-major [r, n];
+  rows: bool [r], the address rows whose A is not all zero (only they are read and moved);
+  values_curvature, values_center: A and m of the output kernel [r, classes]; offset: R.
+  """
+
+  address_curvature: jax.Array
+  address_center: jax.Array
+  rows: jax.Array
+  values_curvature: jax.Array
+  values_center: jax.Array
+  offset: jax.Array
+
+
+def penalty_of(reg_state: regularizers.RegState) -> Penalty:
+  """The sparse step's view of `regularizers.RegState` (one seed): computed once per block of
+  epochs, since A and m change only at task boundaries."""
+  curvature = reg_state.curvature["hidden"]["kernel"].T
+  return Penalty(
+    address_curvature=curvature,
+    address_center=reg_state.center["hidden"]["kernel"].T,
+    rows=jnp.any(curvature != 0, axis=1),
+    values_curvature=reg_state.curvature["output"]["kernel"],
+    values_center=reg_state.center["output"]["kernel"],
+    offset=reg_state.offset,
+  )
+
+
+def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD, strength=None, penalty=None):
   """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
 
   Same contract as `train.train_step` (x is float here): returns the new state
   and (loss sum, correct, activity sum [r], active count, fits). `fits` is 1
-  when no example had more than `sgd.capacity(spec)` active units, i.e. when
-  the step was exact; otherwise the step dropped the weakest extra units and
-  the caller must redo the block with the dense step (`train.run_block`). A
+  when the batch's active units fitted the slots (and the compact XLA path's
+  touched rows), i.e. when the step was exact; otherwise the step dropped units
+  and the caller must redo the block with the dense step (`train.run_block`). A
   per-step `lax.cond` fallback would be simpler, but on XLA:CPU it costs ~1 ms
   per step in buffer copies, more than the sparse step saves at 1K neurons.
+  `penalty` (`penalty_of`) and `strength` (λ, may be traced): a regulariser's penalty.
   """
-  x = layers.sdm_input(x)
+  # Padded examples get x = 0: no unit fires for them, so they take no slot.
+  x = layers.sdm_input(x) * valid[:, None].astype(jnp.float32)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions
   # then run across contiguous batch entries.
   a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
-  capacity = sgd.capacity(spec)
+  num_slots = sgd.num_slots(spec, x.shape[0])
+  lam = (
+    layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
+    if spec.k_schedule == "gaba"
+    else jnp.ones((spec.neurons,), jnp.float32)
+  )
   if sgd.address_kernel() == "ffi":
-    # Selection, threshold, GABA count and the switch's two cases in one CPU kernel.
-    lam = (
-      layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
-      if spec.k_schedule == "gaba"
-      else jnp.ones((spec.neurons,), jnp.float32)
-    )
-    hidden, winners, active = cpu_kernels.sparse_winners(a, lam, k=spec.k, capacity=capacity)
-    most_active = jnp.max(jnp.where(valid, active, 0)) if spec.k_schedule == "gaba" else jnp.int32(0)
+    slots, total = cpu_kernels.active_units(a, lam, k=spec.k, num_slots=num_slots)
   else:
-    hidden, winners, most_active = _winners(a, valid, state.gaba_counts, spec=spec, capacity=capacity)
-  state, stats, touched_fit = _sparse_update(state, x, hidden, winners, y, valid, spec=spec, sgd=sgd)
-  return state, stats + (((most_active <= capacity) & touched_fit).astype(jnp.int32),)
+    slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
+  state, stats, touched_fit = _sparse_update(
+    state, x, slots, y, valid, spec=spec, sgd=sgd, strength=strength, penalty=penalty
+  )
+  return state, stats + (((total <= num_slots) & touched_fit).astype(jnp.int32),)
 
 
-def _winners(a, valid, gaba_counts, *, spec, capacity):
-  """The active units' values [B, m] and neurons [B, m], and the most units any valid example fired."""
-  top_values, top_indices = layers.top_values_and_indices(a, max(spec.k + 1, capacity), axis=0)
-  threshold = top_values[:, spec.k]  # I of Eq. 4 / Eq. 8: the (k+1)-th largest
+def _active_units(a, lam, *, spec, num_slots):
+  """XLA's `cpu_kernels.active_units`: slots (example, neuron, a*) [S] sorted by example, and the
+  number of active units."""
+  r, batch = a.shape
+  top_values, top_indices = layers.top_values_and_indices(a, spec.k + 1, axis=0)
+  threshold = top_values[:, spec.k]  # I of Eq. 4: the (k+1)-th largest
 
-  def winners_after_switch():
-    # lambda = +1 everywhere: the active units are the top k of a, reduced by I.
-    return jax.nn.relu(top_values[:, :capacity] - threshold[:, None]), top_indices[:, :capacity]
+  def after_switch():
+    # lambda = +1 everywhere: only the top k can exceed I. Slots b * k + j, the silent ones padding.
+    value = jax.nn.relu(top_values[:, : spec.k] - threshold[:, None]).reshape(-1)
+    neuron = jnp.where(value > 0, top_indices[:, : spec.k].reshape(-1), r)
+    example = jnp.where(value > 0, jnp.repeat(jnp.arange(batch), spec.k), batch)
+    pad = num_slots - batch * spec.k
+    slots = (jnp.pad(example, (0, pad), constant_values=batch), jnp.pad(neuron, (0, pad), constant_values=r))
+    return (*slots, jnp.pad(value, (0, pad))), jnp.sum(value > 0).astype(jnp.int32)
+
+  def during_switch():
+    bar = lam[:, None] * threshold[None, :]
+    fires = a > bar  # relu(a - lambda I) > 0
+    example, neuron = jnp.nonzero(fires.T, size=num_slots, fill_value=(batch, r))
+    value = (a - bar).at[neuron, example].get(mode="fill", fill_value=0.0)
+    return (example.astype(jnp.int32), neuron.astype(jnp.int32), value), jnp.sum(fires).astype(jnp.int32)
 
   if spec.k_schedule != "gaba":
-    return *winners_after_switch(), jnp.int32(0)  # Eq. 4 with a fixed k: at most k units exceed I
-  lam = layers.gaba_lambda(gaba_counts, spec.gaba_switch_activations)[:, None]
-  # relu(a - lambda I) > 0 <=> a > lambda I: one fused counting pass.
-  most_active = jnp.max(jnp.where(valid, jnp.sum(a > lam * threshold, axis=0), 0))
-
-  def winners_during_switch():
-    return layers.top_values_and_indices(jax.nn.relu(a - lam * threshold), capacity, axis=0)
-
-  hidden, winners = jax.lax.cond(jnp.all(lam >= 1.0), winners_after_switch, winners_during_switch)
-  return hidden, winners, most_active
+    return after_switch()  # Eq. 4 with a fixed k: at most k units exceed I
+  return jax.lax.cond(jnp.all(lam >= 1.0), after_switch, during_switch)
 
 
-def _sparse_update(state, x, hidden, winners, y, valid, *, spec, sgd):
-  """The SGD step from the active units' values `hidden` [B, m] and indices `winners` [B, m].
+def _sparse_update(state, x, slots, y, valid, *, spec, sgd, strength=None, penalty=None):
+  """The SGD step from the active units' slots (example, neuron, a*), each [S].
 
   Returns the new state, (loss sum, correct, activity sum [r], active count),
   and whether the batch's distinct neurons fitted the compact path's capacity.
   """
+  example, neuron, value = slots
+  batch = x.shape[0]
   addresses = state.params["hidden"]["kernel"]  # [r, n]
   values_kernel = state.params["output"]["kernel"]  # [r, classes]
-  validf = valid.astype(jnp.float32)
-  hidden = hidden * validf[:, None]  # padded rows neither learn nor count
-  gathered_values = values_kernel[winners]  # [B, m, classes]
-  logits = jnp.einsum("bk,bkc->bc", hidden, gathered_values)
+  gathered_values = values_kernel.at[neuron].get(mode="fill", fill_value=0.0)  # [S, classes]
+  logits = jax.ops.segment_sum(value[:, None] * gathered_values, example, batch, indices_are_sorted=True)
 
   # Mean cross-entropy over the valid examples, differentiated by hand.
+  validf = valid.astype(jnp.float32)
   n_valid = jnp.maximum(valid.sum(), 1)
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
   d_logits = (jax.nn.softmax(logits) - jax.nn.one_hot(y, spec.num_classes)) * (validf / n_valid)[:, None]
-  d_hidden = jnp.einsum("bc,bkc->bk", d_logits, gathered_values) * (hidden > 0)
-  flat = winners.reshape(-1)
-  d_values = (
-    jnp.zeros_like(values_kernel)
-    .at[flat]
-    .add((hidden[:, :, None] * d_logits[:, None, :]).reshape(-1, spec.num_classes))
-  )
+  slot_d_logits = d_logits.at[example].get(mode="fill", fill_value=0.0)  # [S, classes]
+  fired = value > 0
+  d = jnp.where(fired, jnp.sum(slot_d_logits * gathered_values, axis=-1), 0.0)
+  d_values = jnp.zeros_like(values_kernel).at[neuron].add(value[:, None] * slot_d_logits)
+  if penalty is not None:
+    values_diff = values_kernel - penalty.values_center
+    d_values = d_values + 2.0 * strength * penalty.values_curvature * values_diff
+    penalty_sum = jnp.sum(penalty.values_curvature * jnp.square(values_diff)) + penalty.offset
   values_sq = jnp.sum(jnp.square(d_values))
 
-  touched_capacity = sgd.touched_capacity(spec, x.shape[0])
+  slots = (d, neuron, example)
+  touched_fit = True
   if sgd.address_kernel() == "ffi":
-    # Every touched row, no capacity (B * m axpys, in place): `cpu_kernels.sparse_update`.
-    addresses, step_size = cpu_kernels.sparse_update(
-      addresses, x, d_hidden, winners, values_sq, learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm
+    # Every touched row, no capacity (one axpy per slot, in place): `cpu_kernels.sparse_update`.
+    update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
+    if penalty is None:
+      addresses, step_size = cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update)
+    else:
+      addresses, step_size, address_penalty = cpu_kernels.sparse_update_penalized(
+        addresses,
+        x,
+        slots,
+        values_sq,
+        penalty.address_curvature,
+        penalty.address_center,
+        penalty.rows,
+        strength,
+        **update,
+      )
+      penalty_sum = penalty_sum + address_penalty
+  elif penalty is not None:
+    addresses, step_size, address_penalty = _update_penalized_rows(
+      addresses, x, slots, values_sq, penalty, strength, spec=spec, sgd=sgd
     )
-    touched_fit = True
-  elif touched_capacity:
+    penalty_sum = penalty_sum + address_penalty
+  elif touched_capacity := sgd.touched_capacity(spec, batch):
     addresses, step_size, touched_fit = _update_touched_rows(
-      addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
+      addresses, x, slots, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
     )
   else:
-    addresses, step_size = _update_slot_rows(addresses, x, d_hidden, winners, values_sq, spec=spec, sgd=sgd)
-    touched_fit = True
+    addresses, step_size = _update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd)
   values_kernel = jax.nn.relu(values_kernel - step_size * d_values)
+  if penalty is not None:
+    loss = loss + strength * penalty_sum  # the penalty's value at the step's starting point
 
-  fired = (hidden > 0).astype(jnp.float32)
+  firedf = fired.astype(jnp.float32)
   counts = state.gaba_counts
   if spec.k_schedule == "gaba":
-    counts = counts.at[flat].add(fired.reshape(-1))
+    counts = counts.at[neuron].add(firedf)
   params = {
     **state.params,
     "hidden": {**state.params["hidden"], "kernel": addresses},
     "output": {**state.params["output"], "kernel": values_kernel},
   }
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
-  activity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(hidden.reshape(-1))
-  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
+  activity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value)
+  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, firedf.sum())
   return new_state, stats, touched_fit
 
 
@@ -296,16 +365,17 @@ def _clipped_step_size(grad_norm, sgd):
   )
 
 
-def _update_touched_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd, touched_capacity):
+def _update_touched_rows(addresses, x, slots, values_sq, *, spec, sgd, touched_capacity):
   """SGD + projection of the batch's distinct neurons: gather once, one matmul, write once.
 
   The gradient rows of the touched neurons are C @ x with C [touched, B] the
-  per-example coefficients dA^T (duplicates summed by a scatter of B * m
+  per-example coefficients dA^T (duplicates summed by a scatter of the slots'
   scalars), so the exact gradient norm comes for free.
   """
+  d, neuron, example = slots
   batch = x.shape[0]
-  coefficients = jnp.zeros((spec.neurons, batch), jnp.float32).at[winners, jnp.arange(batch)[:, None]].add(d_hidden)
-  present = jnp.zeros((spec.neurons,), jnp.int32).at[winners.reshape(-1)].max(1)
+  coefficients = jnp.zeros((spec.neurons, batch), jnp.float32).at[neuron, example].add(d, mode="drop")
+  present = jnp.zeros((spec.neurons,), jnp.int32).at[neuron].max(jnp.where(d != 0, 1, 0), mode="drop")
   # Sorted distinct neuron ids, padded with the out-of-range id r (reads 0, writes dropped).
   touched = jnp.nonzero(present, size=touched_capacity, fill_value=spec.neurons)[0]
   gradient_rows = coefficients.at[touched].get(mode="fill", fill_value=0.0) @ x  # [touched, n]
@@ -316,19 +386,21 @@ def _update_touched_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sg
   return addresses, step_size, jnp.sum(present) <= touched_capacity
 
 
-def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd):
-  """SGD + projection by one scatter-add row per (example, winner) slot (large layers)."""
+def _update_slot_rows(addresses, x, slots, values_sq, *, spec, sgd):
+  """SGD + projection by one scatter-add row per slot (large layers)."""
+  d, neuron, example = slots
   batch = x.shape[0]
-  flat = winners.reshape(-1)
-  flat_d_hidden = d_hidden.reshape(-1)
+  # Slots with d = 0 (silent or padding) move nothing: send them out of range.
+  neuron = jnp.where(d != 0, neuron, spec.neurons)
 
   def exact_norm():
     # Column i of dX_a is x^T dA[:, i]; its squared norm is dA_i^T G dA_i with G = x x^T.
-    # Summing over the B*m selected slots counts neuron i once per slot, so each slot is
-    # divided by its neuron's multiplicity.
-    d_act = jnp.zeros((batch, spec.neurons), jnp.float32).at[jnp.arange(batch)[:, None], winners].add(d_hidden)
-    touched = d_act[:, flat]  # [B, B*m]
-    multiplicity = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(1.0)[flat]
+    # Summing over the slots counts neuron i once per slot, so each slot is divided by its
+    # neuron's multiplicity.
+    d_act = jnp.zeros((batch, spec.neurons), jnp.float32).at[example, neuron].add(d, mode="drop")
+    touched = d_act.at[:, neuron].get(mode="fill", fill_value=0.0)  # [B, S]
+    multiplicity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(1.0, mode="drop")
+    multiplicity = multiplicity.at[neuron].get(mode="fill", fill_value=1.0)
     address_sq = jnp.sum(jnp.sum(touched * ((x @ x.T) @ touched), axis=0) / multiplicity)
     return jnp.sqrt(address_sq + values_sq)
 
@@ -338,7 +410,7 @@ def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd):
     # (or zero) inputs, ||x^T dA[:, i]|| <= sum_b |dA[b, i]| (triangle inequality). Only when
     # the bound reaches the clip is the exact norm needed; bound < clip implies ||g|| < clip,
     # so the bound is never used as a divisor.
-    column_bound = jnp.zeros((spec.neurons,), jnp.float32).at[flat].add(jnp.abs(flat_d_hidden))
+    column_bound = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(jnp.abs(d), mode="drop")
     bound = jnp.sqrt(jnp.sum(jnp.square(column_bound)) + values_sq)
     # (1 + 1e-5): inputs are unit norm only up to float rounding.
     step_size = _clipped_step_size(jax.lax.cond(bound * (1 + 1e-5) < sgd.clip_norm, lambda: bound, exact_norm), sgd)
@@ -346,10 +418,35 @@ def _update_slot_rows(addresses, x, d_hidden, winners, values_sq, *, spec, sgd):
   # Update, then re-project only the touched address rows. The projected rows are written
   # once per neuron (its first slot; the others are dropped), which lets XLA scatter
   # without collision handling.
-  address_steps = (-step_size * d_hidden)[:, :, None] * x[:, None, :]  # [B, m, n]
-  addresses = addresses.at[flat].add(address_steps.reshape(-1, addresses.shape[1]))
-  slot = jnp.arange(flat.shape[0])
-  first_slot = jnp.full((spec.neurons,), flat.shape[0]).at[flat].min(slot)[flat] == slot
-  rows = layers.l2_normalize(jax.nn.relu(addresses[flat]), axis=-1)
-  addresses = addresses.at[jnp.where(first_slot, flat, spec.neurons)].set(rows, unique_indices=True, mode="drop")
+  slot_x = x.at[example].get(mode="fill", fill_value=0.0)  # [S, n]
+  addresses = addresses.at[neuron].add((-step_size * d)[:, None] * slot_x, mode="drop")
+  slot = jnp.arange(neuron.shape[0])
+  first_slot = jnp.full((spec.neurons,), neuron.shape[0]).at[neuron].min(slot, mode="drop")
+  first_slot = first_slot.at[neuron].get(mode="fill", fill_value=-1) == slot
+  rows = layers.l2_normalize(jax.nn.relu(addresses.at[neuron].get(mode="fill", fill_value=0.0)), axis=-1)
+  addresses = addresses.at[jnp.where(first_slot, neuron, spec.neurons)].set(rows, unique_indices=True, mode="drop")
   return addresses, step_size
+
+
+def _update_penalized_rows(addresses, x, slots, values_sq, penalty, strength, *, spec, sgd):
+  """SGD + projection with a penalty, elementwise over all address rows (the XLA route).
+
+  g = 2λ A (θ − m) on every row plus the data rows scattered in (one row per slot); the
+  global norm over all of it; every row with a non-zero gradient stepped and re-projected, the
+  others left as they are. Returns also the penalty's value Σ A (θ − m)² at the old addresses.
+  """
+  d, neuron, example = slots
+  diff = addresses - penalty.address_center
+  address_penalty = jnp.sum(penalty.address_curvature * jnp.square(diff))
+  slot_x = x.at[example].get(mode="fill", fill_value=0.0)  # [S, n]
+  gradient = (2.0 * strength) * (penalty.address_curvature * diff)
+  gradient = gradient.at[neuron].add(d[:, None] * slot_x, mode="drop")
+  step_size = _clipped_step_size(jnp.sqrt(jnp.sum(jnp.square(gradient)) + values_sq), sgd)
+  moved = _moved_rows(penalty.rows, neuron, d)
+  stepped = layers.l2_normalize(jax.nn.relu(addresses - step_size * gradient), axis=-1)
+  return jnp.where(moved[:, None], stepped, addresses), step_size, address_penalty
+
+
+def _moved_rows(penalty_rows, neuron, d):
+  """Rows the step moves: the penalty's rows and every neuron with a non-zero slot."""
+  return penalty_rows.at[jnp.where(d != 0, neuron, penalty_rows.shape[0])].set(True, mode="drop")

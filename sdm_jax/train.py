@@ -258,6 +258,7 @@ def train_epoch(
   sparse_sgd: sparse.SparseSGD | None = None,
   regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
+  penalty: sparse.Penalty | None = None,
 ):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
@@ -265,7 +266,8 @@ def train_epoch(
   shape; batches past the task's true size are skipped with `lax.cond`
   (under `vmap` both branches run, and the skip is a select). With
   `sparse_sgd`, steps are `sparse.train_step` and `state.params` must hold the
-  neuron-major hidden kernel (`train_epochs` arranges that). With
+  neuron-major hidden kernel (`train_epochs` arranges that, and passes a regulariser's
+  penalty as `penalty`, `sparse.penalty_of`). With
   `data_axis`, every device of the axis draws the same order and takes its
   contiguous slice of each batch (`batch_size` must be a multiple of the
   axis size); whether a batch is skipped depends on the whole batch, so all
@@ -292,7 +294,17 @@ def train_epoch(
 
     def step(state):
       if sparse_sgd is not None:
-        return sparse.train_step(state, to_float_input(x_task[idx]), y_task[idx], valid, spec=spec, sgd=sparse_sgd)
+        strength = None if penalty is None else member_regularizer(regularizer, state).strength
+        return sparse.train_step(
+          state,
+          to_float_input(x_task[idx]),
+          y_task[idx],
+          valid,
+          spec=spec,
+          sgd=sparse_sgd,
+          strength=strength,
+          penalty=penalty,
+        )
       return train_step(
         state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
       )
@@ -342,6 +354,8 @@ def train_epochs(
   inside the block and transposed back at its end.
   """
   x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
+  # The penalty's A and m change only at task boundaries: laid out for the sparse step once per block.
+  penalty = sparse.penalty_of(state.reg) if sparse_sgd is not None and regularizer is not None else None
 
   def body(state, _):
     return train_epoch(
@@ -355,6 +369,7 @@ def train_epochs(
       sparse_sgd=sparse_sgd,
       regularizer=regularizer,
       data_axis=data_axis,
+      penalty=penalty,
     )
 
   if sparse_sgd is None:
@@ -452,10 +467,9 @@ def make_train_block(
     mesh: a `sdm_jax.mesh` Mesh: the seeds (padded to a multiple of its
       `seed` axis) are split over `seed`, each batch over `data`; None: one device.
   """
-  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularized=regularizer is not None):
+  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularizer=regularizer):
     raise ValueError(
-      "the sparse step is not exact here: "
-      + sparse.ineligibility(spec, optimizer="sgd", regularized=regularizer is not None)
+      "the sparse step is not exact here: " + sparse.ineligibility(spec, optimizer="sgd", regularizer=regularizer)
     )
   data_axis = mesh_lib.data_axis(mesh)
   if data_axis is not None:

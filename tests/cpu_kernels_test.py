@@ -44,6 +44,12 @@ def _random_problem(seed, r=40, n=784, batch=64, m=5, padded=6):
   return addresses, x, d_hidden, winners, values_sq
 
 
+def _slots(d_hidden, winners):
+  """[B, m] (example, winner) pairs as the kernels' slots (d, neuron, example), each [B * m]."""
+  batch, m = winners.shape
+  return d_hidden.reshape(-1), winners.reshape(-1), np.repeat(np.arange(batch, dtype=np.int32), m)
+
+
 def _numpy_update(addresses, x, d_hidden, winners, values_sq, learning_rate, clip_norm):
   """The reference: dense gradient in float64, optax clip -> sgd, relu and L2 norm of the touched rows."""
   r = addresses.shape[0]
@@ -78,7 +84,7 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   clip_norm = None if clip_factor is None else clip_factor * norm
   want, want_step, _ = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, clip_norm)
   got, step = jax.jit(functools.partial(cpu_kernels.sparse_update, learning_rate=lr, clip_norm=clip_norm))(
-    addresses, x, d_hidden, winners, values_sq
+    addresses, x, _slots(d_hidden, winners), values_sq
   )
   np.testing.assert_allclose(float(step), want_step, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
@@ -87,7 +93,7 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   spec = models.sdmlp(784, 40, 10, k=5)
   sgd = sparse.SparseSGD(lr, clip_norm, kernel="xla")
   xla, xla_step, fit = jax.jit(functools.partial(sparse._update_touched_rows, spec=spec, sgd=sgd, touched_capacity=40))(
-    addresses, x, d_hidden, winners, values_sq
+    addresses, x, _slots(d_hidden, winners), values_sq
   )
   assert bool(fit)
   np.testing.assert_allclose(float(step), float(xla_step), rtol=1e-5)
@@ -101,7 +107,7 @@ def test_update_zero_rows_and_out_of_range_winners():
   winners[0] = [9, 10]  # 10 is out of range
   x = np.full_like(x, 1 / np.sqrt(x.shape[1]))  # every coordinate of a touched row's gradient > 0
   got, _ = cpu_kernels.sparse_update(
-    addresses, x, np.full_like(d_hidden, 1e3), winners, values_sq, learning_rate=1.0, clip_norm=None
+    addresses, x, _slots(np.full_like(d_hidden, 1e3), winners), values_sq, learning_rate=1.0, clip_norm=None
   )
   got = np.asarray(got)
   assert np.all(np.isfinite(got))
@@ -112,7 +118,14 @@ def test_update_zero_rows_and_out_of_range_winners():
 def test_vmap_and_lax_map_equal_the_loop():
   problems = [_random_problem(s) for s in range(3)]
   stacked = [np.stack(a) for a in zip(*problems)]
-  fn = functools.partial(cpu_kernels.sparse_update, learning_rate=0.5, clip_norm=0.1)
+  update = functools.partial(cpu_kernels.sparse_update, learning_rate=0.5, clip_norm=0.1)
+
+  def fn(addresses, x, d_hidden, winners, values_sq):
+    batch, m = winners.shape[-2:]
+    example = jnp.broadcast_to(jnp.repeat(jnp.arange(batch), m), winners.shape[:-2] + (batch * m,))
+    slots = (d_hidden.reshape(example.shape), winners.reshape(example.shape), example)
+    return update(addresses, x, slots, values_sq)
+
   want = [fn(*p) for p in problems]
   for got in (jax.jit(jax.vmap(fn))(*stacked), jax.jit(lambda *a: jax.lax.map(lambda p: fn(*p), a))(*stacked)):
     for i, (a, s) in enumerate(want):
@@ -127,10 +140,11 @@ def test_vmap_and_lax_map_equal_the_loop():
 def test_no_copy_of_the_addresses_inside_the_scan():
   """The addresses are aliased to the result: the scanned update does not copy the [r, n] buffer."""
   addresses, x, d_hidden, winners, values_sq = _random_problem(2, r=37)
+  slots = _slots(d_hidden, winners)
 
   def run(a):
     def body(a, _):
-      return cpu_kernels.sparse_update(a, x, d_hidden, winners, values_sq, learning_rate=0.1, clip_norm=1.0)
+      return cpu_kernels.sparse_update(a, x, slots, values_sq, learning_rate=0.1, clip_norm=1.0)
 
     return jax.lax.scan(body, a, None, length=3)
 
@@ -158,12 +172,21 @@ def test_top_values_and_indices_match_a_sort(ties, r, m):
     np.testing.assert_array_equal(indices, np.asarray(xla_indices))
 
 
+def _numpy_active_units(a, lam, k):
+  """Every (example, neuron, a*) with a* = a - lam I > 0, I the (k+1)-th largest (Eq. 4), by example."""
+  threshold = -np.sort(-a, axis=0)[k]
+  bar = lam[:, None] * threshold[None, :]
+  example, neuron = np.nonzero((a > bar).T)
+  return example, neuron, (a - bar)[neuron, example]
+
+
 @needs_kernel
 @pytest.mark.parametrize("switched", [True, False])
-@pytest.mark.parametrize("k,capacity", [(4, 4), (4, 7)])
-def test_sparse_winners_match_the_xla_selection(switched, k, capacity):
-  """hidden, winners and the most active count equal `sparse._winners` (selection, threshold,
-  GABA count, the switch's lax.cond), after the switch and during it (some lambda < 1)."""
+@pytest.mark.parametrize("k,capacity", [(4, 4), (4, 9), (1, 30)])
+def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
+  """The slots equal numpy's and `sparse._active_units`' (selection, threshold, GABA lambdas, the
+  switch's lax.cond), after the switch and during it, where some examples have many more than k
+  active units; a total above the slots is reported."""
   rng = np.random.default_rng(k + capacity)
   r, batch = 60, 32
   a = np.maximum(rng.normal(size=(r, batch)), 0).astype(np.float32)
@@ -172,18 +195,28 @@ def test_sparse_winners_match_the_xla_selection(switched, k, capacity):
   if not switched:
     short = rng.random(r) < 0.3
     counts[short] = rng.random(short.sum()) * 100  # lambda in [-1, 1), distinct (no ties in relu(a - lambda I))
-  valid = np.arange(batch) < batch - 3
-  lam = layers.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations)
-  hidden, winners, active = jax.jit(functools.partial(cpu_kernels.sparse_winners, k=k, capacity=capacity))(a, lam)
-  want_hidden, want_winners, want_most = jax.jit(functools.partial(sparse._winners, spec=spec, capacity=capacity))(
-    a, valid, counts
-  )
-  np.testing.assert_allclose(np.asarray(hidden), np.asarray(want_hidden), atol=1e-6)
-  fired = np.asarray(want_hidden) > 0
-  np.testing.assert_array_equal(np.asarray(winners)[fired], np.asarray(want_winners)[fired])
-  assert int(np.max(np.where(valid, np.asarray(active), 0))) == int(want_most)
-  if not switched:
-    assert int(want_most) > k  # units short of lambda = 1 fire beyond the top k
+  lam = np.asarray(layers.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations))
+  num_slots = batch * capacity
+  got, total = jax.jit(functools.partial(cpu_kernels.active_units, k=k, num_slots=num_slots))(a, lam)
+  xla, xla_total = jax.jit(functools.partial(sparse._active_units, spec=spec, num_slots=num_slots))(a, lam)
+  example, neuron, value = _numpy_active_units(a, lam, k)
+  assert int(total) == int(xla_total) == len(example)
+  kept = min(len(example), num_slots)
+  for slots in (got, xla):
+    slot_example, slot_neuron, slot_value = map(np.asarray, slots)
+    np.testing.assert_array_equal(slot_example[:kept], example[:kept])  # sorted by example
+    order = np.lexsort((slot_neuron[:kept], slot_example[:kept]))  # within an example: any order
+    want = np.lexsort((neuron[:kept], example[:kept]))
+    np.testing.assert_array_equal(slot_neuron[:kept][order], neuron[:kept][want])
+    np.testing.assert_allclose(slot_value[:kept][order], value[:kept][want], rtol=1e-6, atol=1e-7)
+    assert np.all(slot_example[kept:] == batch) and np.all(slot_neuron[kept:] == r) and np.all(slot_value[kept:] == 0)
+  per_example = np.bincount(example, minlength=batch)
+  if switched:
+    assert per_example.max() <= k
+  else:
+    assert per_example.max() > 2 * k  # units short of lambda = 1 fire far beyond the top k
+  if capacity == 4 and not switched:
+    assert len(example) > num_slots  # the total overflows: reported, the caller redoes the block
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
+from sdm_jax import cpu_kernels, data, layers, models, optim, regularizers, sparse, train
 
 
 @pytest.fixture(autouse=True)
@@ -200,3 +200,75 @@ def test_ineligible_models_are_refused(spec, optimizer, reason):
         seed_axis_data=False,
         sparse_sgd=sparse.SparseSGD(0.1),
       )
+
+
+def _partly_switched_states(spec, tx, seeds, regularizer=None):
+  """Most neurons past the switch; a third short of lambda = +1 (lambda in 0.6-0.9), so they
+  fire beyond the top k on many examples: the slots must hold more than k units per example."""
+  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=2)
+  fraction = np.where(np.arange(spec.neurons) % 3 == 0, 0.8 + 0.15 * (np.arange(spec.neurons) % 2), 1.0)
+  return states.replace(gaba_counts=states.gaba_counts + np.float32(fraction * spec.gaba_switch_activations))
+
+
+@pytest.mark.parametrize("kernel,max_touched", [("ffi", None), ("xla", None), ("xla", 0)])
+def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, max_touched):
+  """Fast tier: two epochs from a partly switched layer, where examples fire up to several times
+  k units (the slots hold the batch's total, not k per example): same parameters, counters and
+  loss as the dense step, and every step ran sparse."""
+  if kernel == "ffi" and not cpu_kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  x, y, sizes = _mnist_task(per_task=300)
+  spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)  # lambdas barely move in 2 epochs
+  tx = optim.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
+  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, max_touched=max_touched, kernel=kernel)
+  a, a_metrics = train.make_train_block(**kwargs)(_partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
+  b, b_metrics = train.make_train_block(**kwargs, sparse_sgd=sgd)(
+    _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
+  )
+  np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
+  assert float(b_metrics.active_per_example.min()) > 1.5 * spec.k  # on average
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+  np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
+
+
+# The strengths make the penalty's gradient comparable to the data's on the rows it holds.
+PENALTIES = [
+  regularizers.RegularizerSpec("ewc", 2000.0, beta=0.05),
+  regularizers.RegularizerSpec("ewc", 300.0, online=True, decay=0.9, fisher="exact", fisher_labels="true"),
+  regularizers.RegularizerSpec("mas", 5.0),
+  regularizers.RegularizerSpec("l2", 0.5),
+]
+
+
+@pytest.mark.parametrize("kernel", ["ffi", "xla"])
+@pytest.mark.parametrize("regularizer", PENALTIES, ids=lambda r: f"{r.method}{'_online' if r.online else ''}")
+@pytest.mark.slow
+def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer, kernel):
+  """SDMLP with EWC (per-task slot and online), MAS or L2: the data gradient through the slots,
+  the penalty's 2λA(θ − m) elementwise, the clip over the true global norm, the projection over
+  every row moved. Task 1, the boundary (importances, anchors), task 2: same as the dense step."""
+  if kernel == "ffi" and not cpu_kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  x, y, sizes = _mnist_task(per_task=400)
+  spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)
+  tx = optim.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer)
+  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, kernel=kernel)
+  dense, fast = train.make_train_block(**kwargs), train.make_train_block(**kwargs, sparse_sgd=sgd)
+  end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
+  a = _partly_switched_states(spec, tx, [0, 1], regularizer)
+  b = _partly_switched_states(spec, tx, [0, 1], regularizer)
+  for task in range(2):
+    a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
+    b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
+    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+    np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
+    if task == 0:
+      a, b = end_task(a, x, y, sizes, jnp.int32(0)), end_task(b, x, y, sizes, jnp.int32(0))
+  # Not vacuous: in task 2 the penalty moved rows no example touched, and its loss term is large.
+  penalty = jax.vmap(lambda p, r: regularizers.penalty(p, r, regularizer.strength))(b.params, b.reg)
+  assert float(penalty.min()) > 1e-3 * float(b_metrics.loss[:, -1].min())

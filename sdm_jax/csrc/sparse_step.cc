@@ -1,20 +1,30 @@
-// XLA:CPU FFI custom calls of the sparse SGD step (sdm_jax/cpu_kernels.py): the address update
-// (SdmSparseUpdate), the top-m selection (SdmTopValuesAndIndices) and the active units
-// (SdmSparseWinners), the last two at the end of the file.
+// XLA:CPU FFI custom calls of the sparse SGD step (sdm_jax/cpu_kernels.py, sdm_jax/sparse.py):
+//   SdmActiveUnits         the active units a* > 0 of a batch as a flat list of slots;
+//   SdmSparseUpdate        the address update from those slots (SGD, clip, projection);
+//   SdmSparseUpdatePenalized  the same plus a quadratic penalty (EWC, MAS, SI, L2);
+//   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices).
 //
-// SdmSparseUpdate:
+// Slots. A batch's active units are S slots (example, neuron, value), sorted by example; the
+// first `total` hold the units with a* = relu(a - lambda I) > 0 (Eq. 4; lambda of the GABA
+// switch, App. B.3), the rest are padding (example B, neuron r, value 0). S is a capacity on the
+// batch's TOTAL active count, not on any one example's: an example may have any number of
+// active units (neurons short of lambda = +1 fire beyond the top k), and the step's work is in
+// proportion to the total. total > S means the step dropped units (the caller redoes the block
+// with the dense step).
 //
-// For each problem of a (possibly vmapped) batch of problems:
+// The address update, per problem of a (possibly vmapped) batch of problems:
 //   addresses [r, n] f32, neuron-major (aliased to the first result: updated in place)
-//   x [B, n] f32 (unit-norm inputs), d_hidden [B, m] f32, winners [B, m] s32
-//   values_sq [] f32 (squared norm of the output-layer gradient)
+//   x [B, n] f32 (unit-norm inputs); d [S] f32 (dL/da* per slot), neuron [S] s32, example [S] s32
+//   values_sq [] f32 (squared norm of the output layer's whole gradient)
 //   attributes learning_rate, clip_norm (f64; clip_norm <= 0: no clipping)
-// The gradient row of neuron i is g_i = sum over slots (b, j) with winners[b, j] == i of
-// d_hidden[b, j] * x[b]: B * m axpys of length n instead of a dense [r, B] @ [B, n] matmul.
-// step = optax clip_by_global_norm then sgd, with the global norm sqrt(sum_i |g_i|^2 + values_sq);
-// each touched row becomes l2_normalize(relu(row - step * g_i)) (layers.l2_normalize: an all-zero
-// row stays zero); untouched rows are unchanged. Winners outside [0, r) are ignored, like
-// XLA's dropped out-of-range scatter indices. Results: new addresses, step size [] f32.
+// The data gradient row of neuron i is g_i = sum over its slots s of d[s] * x[example[s]]. The
+// penalised variant adds 2 strength A_i * (theta_i - m_i) (the folded quadratic penalty
+// strength * sum A (theta - m)^2 of regularizers.RegState: curvature A, center m) on the rows
+// `penalty_rows` marks (rows whose A is not all zero), and returns the penalty's value at the
+// current addresses. step = optax clip_by_global_norm then sgd over the global norm
+// sqrt(sum_i |g_i|^2 + values_sq); each row with a non-zero gradient becomes
+// l2_normalize(relu(row - step * g_i)) (an all-zero row stays zero); other rows are unchanged.
+// Slots with a neuron outside [0, r) are ignored, like XLA's dropped out-of-range scatters.
 //
 // Built by cpu_kernels.py with g++ -O3 -march=native -fopenmp-simd; the loops over n are
 // contiguous and the reductions carry `omp simd` so they vectorise without -ffast-math.
@@ -35,87 +45,122 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// The quadratic penalty of one problem (null `curvature`: none).
+struct Penalty {
+  const float* curvature = nullptr;  // A [r, n]
+  const float* center = nullptr;     // m [r, n]
+  const uint8_t* rows = nullptr;     // [r]: 1 where A's row is not all zero
+  float strength = 0.0f;
+};
+
 struct Scratch {
   std::vector<int32_t> offsets;   // [r + 1]: CSR offsets of each neuron's slots
-  std::vector<int32_t> slots;     // [B * m]: slot ids grouped by neuron, ascending within a neuron
-  std::vector<int32_t> touched;   // distinct neurons, ascending
-  std::vector<float> gradients;   // [touched, n]
+  std::vector<int32_t> slots;     // slot ids grouped by neuron, ascending within a neuron
+  std::vector<int32_t> rows;      // rows with a gradient (data or penalty), ascending
+  std::vector<float> gradients;   // [rows, n]
 };
 
 thread_local Scratch scratch;
 
-// One problem: updates `out` ([r, n], already holding the addresses) in place; returns the step.
-float UpdateOne(float* __restrict out, const float* __restrict x, const float* __restrict d_hidden,
-                const int32_t* __restrict winners, float values_sq, int64_t r, int64_t n, int64_t batch,
-                int64_t m, double learning_rate, double clip_norm) {
-  Scratch& s = scratch;
-  const int64_t num_slots = batch * m;
-  s.offsets.assign(r + 1, 0);
-  for (int64_t q = 0; q < num_slots; ++q) {
-    const int32_t w = winners[q];
-    if (w >= 0 && w < r) ++s.offsets[w + 1];
-  }
-  s.touched.clear();
-  for (int64_t i = 0; i < r; ++i) {
-    if (s.offsets[i + 1] > 0) s.touched.push_back(static_cast<int32_t>(i));
-    s.offsets[i + 1] += s.offsets[i];
-  }
-  s.slots.resize(std::max<int64_t>(num_slots, 1));
-  {
-    // Counting sort of the slots by neuron (stable: ascending example within a neuron).
-    std::vector<int32_t>& fill = s.offsets;  // reused below; restore afterwards
-    for (int64_t q = 0; q < num_slots; ++q) {
-      const int32_t w = winners[q];
-      if (w >= 0 && w < r) s.slots[fill[w]++] = static_cast<int32_t>(q);
-    }
-    // fill[i] now holds the end of neuron i's range = start of i + 1: shift back.
-    for (int64_t i = r; i > 0; --i) fill[i] = fill[i - 1];
-    fill[0] = 0;
-  }
-
-  const int64_t num_touched = static_cast<int64_t>(s.touched.size());
-  s.gradients.resize(std::max<int64_t>(num_touched * n, 1));
-  double address_sq = 0.0;
-  for (int64_t t = 0; t < num_touched; ++t) {
-    const int32_t i = s.touched[t];
-    float* __restrict g = s.gradients.data() + t * n;
-    // The neuron's non-zero slots, four at a time (one pass over g per four axpys).
-    int32_t p = s.offsets[i];
-    const int32_t end = s.offsets[i + 1];
-    float d[4];
+// g = the data gradient of neuron i from its slots [p, end), four slots per pass over g.
+void DataGradientRow(float* __restrict g, int32_t p, int32_t end, const int32_t* __restrict slots,
+                     const float* __restrict d, const int32_t* __restrict example, const float* __restrict x,
+                     int64_t n, int64_t batch) {
+  bool first = true;
+  while (true) {
+    float dc[4];
     const float* xs[4];
-    bool first = true;
-    while (true) {
-      int c = 0;
-      for (; p < end && c < 4; ++p) {
-        const int32_t q = s.slots[p];
-        if (d_hidden[q] == 0.0f) continue;
-        d[c] = d_hidden[q];
-        xs[c] = x + (q / m) * n;
-        ++c;
-      }
-      if (c == 0 && !first) break;
-      for (int k = c; k < 4; ++k) {  // pad with zero slots
-        d[k] = 0.0f;
-        xs[k] = x;
-      }
-      const float d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
-      const float *__restrict x0 = xs[0], *__restrict x1 = xs[1], *__restrict x2 = xs[2], *__restrict x3 = xs[3];
-      if (first) {
+    int c = 0;
+    for (; p < end && c < 4; ++p) {
+      const int32_t s = slots[p];
+      const int32_t b = example[s];
+      if (d[s] == 0.0f || b < 0 || b >= batch) continue;
+      dc[c] = d[s];
+      xs[c] = x + static_cast<int64_t>(b) * n;
+      ++c;
+    }
+    if (c == 0 && !first) break;
+    for (int q = c; q < 4; ++q) {  // pad with zero slots
+      dc[q] = 0.0f;
+      xs[q] = x;
+    }
+    const float d0 = dc[0], d1 = dc[1], d2 = dc[2], d3 = dc[3];
+    const float *__restrict x0 = xs[0], *__restrict x1 = xs[1], *__restrict x2 = xs[2], *__restrict x3 = xs[3];
+    if (first) {
 #pragma omp simd
-        for (int64_t j = 0; j < n; ++j) g[j] = d0 * x0[j] + d1 * x1[j] + d2 * x2[j] + d3 * x3[j];
-        first = false;
+      for (int64_t j = 0; j < n; ++j) g[j] = d0 * x0[j] + d1 * x1[j] + d2 * x2[j] + d3 * x3[j];
+      first = false;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) g[j] += d0 * x0[j] + d1 * x1[j] + d2 * x2[j] + d3 * x3[j];
+    }
+    if (c < 4) break;
+  }
+}
+
+// One problem: updates `out` ([r, n], already holding the addresses) in place; returns the step
+// and writes the penalty's value at the old addresses into `penalty_value` (0 without one).
+float UpdateOne(float* __restrict out, const float* __restrict x, const float* __restrict d,
+                const int32_t* __restrict neuron, const int32_t* __restrict example, float values_sq, int64_t r,
+                int64_t n, int64_t batch, int64_t num_slots, double learning_rate, double clip_norm,
+                const Penalty& penalty, float* penalty_value) {
+  Scratch& s = scratch;
+  // Counting sort of the slots by neuron (stable: ascending slot within a neuron).
+  s.offsets.assign(r + 2, 0);
+  for (int64_t q = 0; q < num_slots; ++q) {
+    const int32_t w = neuron[q];
+    if (w >= 0 && w < r) ++s.offsets[w + 2];
+  }
+  for (int64_t i = 0; i < r; ++i) s.offsets[i + 2] += s.offsets[i + 1];
+  s.slots.resize(std::max<int64_t>(num_slots, 1));
+  for (int64_t q = 0; q < num_slots; ++q) {
+    const int32_t w = neuron[q];
+    if (w >= 0 && w < r) s.slots[s.offsets[w + 1]++] = static_cast<int32_t>(q);
+  }
+  // offsets[i] .. offsets[i + 1] are now neuron i's slots.
+  s.rows.clear();
+  for (int64_t i = 0; i < r; ++i) {
+    if (s.offsets[i + 1] > s.offsets[i] || (penalty.curvature && penalty.rows[i])) s.rows.push_back(i);
+  }
+  const int64_t num_rows = static_cast<int64_t>(s.rows.size());
+  s.gradients.resize(std::max<int64_t>(num_rows * n, 1));
+  const float two_strength = 2.0f * penalty.strength;
+  double address_sq = 0.0, penalty_sum = 0.0;
+  for (int64_t t = 0; t < num_rows; ++t) {
+    const int32_t i = s.rows[t];
+    float* __restrict g = s.gradients.data() + t * n;
+    const bool has_data = s.offsets[i + 1] > s.offsets[i];
+    if (has_data) {
+      DataGradientRow(g, s.offsets[i], s.offsets[i + 1], s.slots.data(), d, example, x, n, batch);
+    }
+    if (penalty.curvature && penalty.rows[i]) {
+      const float* __restrict a = penalty.curvature + static_cast<int64_t>(i) * n;
+      const float* __restrict m = penalty.center + static_cast<int64_t>(i) * n;
+      const float* __restrict row = out + static_cast<int64_t>(i) * n;
+      float value = 0.0f;
+      if (has_data) {
+#pragma omp simd reduction(+ : value)
+        for (int64_t j = 0; j < n; ++j) {
+          const float diff = row[j] - m[j];
+          value += a[j] * (diff * diff);
+          g[j] += two_strength * (a[j] * diff);
+        }
       } else {
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) g[j] += d0 * x0[j] + d1 * x1[j] + d2 * x2[j] + d3 * x3[j];
+#pragma omp simd reduction(+ : value)
+        for (int64_t j = 0; j < n; ++j) {
+          const float diff = row[j] - m[j];
+          value += a[j] * (diff * diff);
+          g[j] = two_strength * (a[j] * diff);
+        }
       }
-      if (c < 4) break;
+      penalty_sum += value;
     }
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int64_t j = 0; j < n; ++j) sq += g[j] * g[j];
     address_sq += sq;
   }
+  *penalty_value = static_cast<float>(penalty_sum);
 
   // optax.clip_by_global_norm then sgd (sparse._clipped_step_size).
   float step = static_cast<float>(learning_rate);
@@ -126,8 +171,8 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     }
   }
 
-  for (int64_t t = 0; t < num_touched; ++t) {
-    float* __restrict row = out + static_cast<int64_t>(s.touched[t]) * n;
+  for (int64_t t = 0; t < num_rows; ++t) {
+    float* __restrict row = out + static_cast<int64_t>(s.rows[t]) * n;
     const float* __restrict g = s.gradients.data() + t * n;
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
@@ -145,41 +190,94 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
   return step;
 }
 
-ffi::Error UpdateAddressesImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> x,
-                               ffi::Buffer<ffi::F32> d_hidden, ffi::Buffer<ffi::S32> winners,
-                               ffi::Buffer<ffi::F32> values_sq, double learning_rate, double clip_norm,
-                               ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step) {
+// Shapes of the update's operands: [..., r, n], x [..., B, n], slots [..., S]; `problems` is the
+// product of the leading (vmapped) dimensions.
+struct UpdateShape {
+  int64_t r, n, batch, num_slots, problems;
+};
+
+ffi::Error CheckUpdateShapes(const ffi::Buffer<ffi::F32>& addresses, const ffi::Buffer<ffi::F32>& x,
+                             const ffi::Buffer<ffi::F32>& d, const ffi::Buffer<ffi::S32>& neuron,
+                             const ffi::Buffer<ffi::S32>& example, const ffi::Buffer<ffi::F32>& values_sq,
+                             UpdateShape& shape) {
   const auto a_dims = addresses.dimensions();
   const auto x_dims = x.dimensions();
-  const auto d_dims = d_hidden.dimensions();
   const size_t rank = a_dims.size();
-  if (rank < 2 || x_dims.size() != rank || d_dims.size() != rank || winners.dimensions().size() != rank) {
-    return ffi::Error::InvalidArgument("sdm_sparse_update: addresses, x, d_hidden, winners need equal ranks >= 2");
+  if (rank < 2 || x_dims.size() != rank || d.dimensions().size() != rank - 1 ||
+      neuron.dimensions().size() != rank - 1 || example.dimensions().size() != rank - 1) {
+    return ffi::Error::InvalidArgument("sdm_sparse_update: addresses [..., r, n], x [..., B, n], slots [..., S]");
   }
-  const int64_t r = a_dims[rank - 2], n = a_dims[rank - 1];
-  const int64_t batch = x_dims[rank - 2], m = d_dims[rank - 1];
-  if (x_dims[rank - 1] != n || d_dims[rank - 2] != batch) {
-    return ffi::Error::InvalidArgument("sdm_sparse_update: shape mismatch");
-  }
-  int64_t problems = 1;
-  for (size_t i = 0; i + 2 < rank; ++i) problems *= a_dims[i];
-  if (static_cast<int64_t>(values_sq.element_count()) != problems ||
-      static_cast<int64_t>(step->element_count()) != problems ||
-      static_cast<int64_t>(winners.element_count()) != problems * batch * m) {
-    return ffi::Error::InvalidArgument("sdm_sparse_update: leading (vmapped) dimensions differ");
-  }
-  float* out_data = out->typed_data();
-  const float* in_data = addresses.typed_data();
-  if (out_data != in_data) {  // XLA did not alias the buffers: start from a copy
-    std::memcpy(out_data, in_data, sizeof(float) * problems * r * n);
-  }
-  for (int64_t p = 0; p < problems; ++p) {
-    step->typed_data()[p] = UpdateOne(out_data + p * r * n, x.typed_data() + p * batch * n,
-                                      d_hidden.typed_data() + p * batch * m,
-                                      winners.typed_data() + p * batch * m, values_sq.typed_data()[p], r, n,
-                                      batch, m, learning_rate, clip_norm);
+  shape = UpdateShape{a_dims[rank - 2], a_dims[rank - 1], x_dims[rank - 2], d.dimensions()[rank - 2], 1};
+  for (size_t i = 0; i + 2 < rank; ++i) shape.problems *= a_dims[i];
+  if (x_dims[rank - 1] != shape.n || static_cast<int64_t>(neuron.element_count()) != shape.problems * shape.num_slots ||
+      static_cast<int64_t>(example.element_count()) != shape.problems * shape.num_slots ||
+      static_cast<int64_t>(d.element_count()) != shape.problems * shape.num_slots ||
+      static_cast<int64_t>(values_sq.element_count()) != shape.problems) {
+    return ffi::Error::InvalidArgument("sdm_sparse_update: shape mismatch (or leading dimensions differ)");
   }
   return ffi::Error::Success();
+}
+
+ffi::Error RunUpdates(const UpdateShape& sh, const float* in_data, float* out_data, const float* x, const float* d,
+                      const int32_t* neuron, const int32_t* example, const float* values_sq, double learning_rate,
+                      double clip_norm, const float* curvature, const float* center, const uint8_t* rows,
+                      const float* strength, float* step, float* penalty_value) {
+  if (out_data != in_data) {  // XLA did not alias the buffers: start from a copy
+    std::memcpy(out_data, in_data, sizeof(float) * sh.problems * sh.r * sh.n);
+  }
+  const int64_t rn = sh.r * sh.n;
+  for (int64_t p = 0; p < sh.problems; ++p) {
+    Penalty penalty;
+    if (curvature != nullptr) {
+      penalty = Penalty{curvature + p * rn, center + p * rn, rows + p * sh.r, strength[p]};
+    }
+    float value = 0.0f;
+    step[p] = UpdateOne(out_data + p * rn, x + p * sh.batch * sh.n, d + p * sh.num_slots, neuron + p * sh.num_slots,
+                        example + p * sh.num_slots, values_sq[p], sh.r, sh.n, sh.batch, sh.num_slots, learning_rate,
+                        clip_norm, penalty, &value);
+    if (penalty_value != nullptr) penalty_value[p] = value;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error UpdateAddressesImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> d,
+                               ffi::Buffer<ffi::S32> neuron, ffi::Buffer<ffi::S32> example,
+                               ffi::Buffer<ffi::F32> values_sq, double learning_rate, double clip_norm,
+                               ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step) {
+  UpdateShape shape;
+  if (auto error = CheckUpdateShapes(addresses, x, d, neuron, example, values_sq, shape); error.failure()) {
+    return error;
+  }
+  if (static_cast<int64_t>(step->element_count()) != shape.problems) {
+    return ffi::Error::InvalidArgument("sdm_sparse_update: step shape");
+  }
+  return RunUpdates(shape, addresses.typed_data(), out->typed_data(), x.typed_data(), d.typed_data(),
+                    neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
+                    nullptr, nullptr, nullptr, nullptr, step->typed_data(), nullptr);
+}
+
+ffi::Error UpdatePenalizedImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> d,
+                               ffi::Buffer<ffi::S32> neuron, ffi::Buffer<ffi::S32> example,
+                               ffi::Buffer<ffi::F32> values_sq, ffi::Buffer<ffi::F32> curvature,
+                               ffi::Buffer<ffi::F32> center, ffi::Buffer<ffi::U8> rows,
+                               ffi::Buffer<ffi::F32> strength, double learning_rate, double clip_norm,
+                               ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step,
+                               ffi::ResultBuffer<ffi::F32> penalty_value) {
+  UpdateShape shape;
+  if (auto error = CheckUpdateShapes(addresses, x, d, neuron, example, values_sq, shape); error.failure()) {
+    return error;
+  }
+  const int64_t p = shape.problems;
+  if (curvature.element_count() != addresses.element_count() || center.element_count() != addresses.element_count() ||
+      static_cast<int64_t>(rows.element_count()) != p * shape.r ||
+      static_cast<int64_t>(strength.element_count()) != p || static_cast<int64_t>(step->element_count()) != p ||
+      static_cast<int64_t>(penalty_value->element_count()) != p) {
+    return ffi::Error::InvalidArgument("sdm_sparse_update_penalized: penalty operand shapes");
+  }
+  return RunUpdates(shape, addresses.typed_data(), out->typed_data(), x.typed_data(), d.typed_data(),
+                    neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
+                    curvature.typed_data(), center.typed_data(), rows.typed_data(), strength.typed_data(),
+                    step->typed_data(), penalty_value->typed_data());
 }
 
 // Top-m values (descending) and their indices per example, from neuron-major activations
@@ -293,90 +391,122 @@ ffi::Error TopValuesAndIndicesImpl(ffi::Buffer<ffi::F32> a, ffi::ResultBuffer<ff
   return ffi::Error::Success();
 }
 
-// The sparse step's active units (sparse.train_step): from a [r, B] (neuron-major, >= 0) and
-// the GABA lambdas [r], with I_b the (k+1)-th largest a[:, b] (Eq. 4 / Eq. 8):
-//   hidden [B, c], winners [B, c]: the c largest relu(a[:, b] - lambda I_b) and their neurons;
-//   active [B]: #{i : a[i, b] > lambda_i I_b} (the units that fire; > c means the step is not exact).
-// After the switch (every lambda = 1) the c largest a[:, b] give both, from the one selection of
-// m = max(k + 1, c) values (a > lambda I >= I only for the top k). While some lambda < 1, a
-// second pass counts and a second selection runs on relu(a - lambda I).
-ffi::Error SparseWinnersImpl(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> lam, int64_t k,
-                             ffi::ResultBuffer<ffi::F32> hidden, ffi::ResultBuffer<ffi::S32> winners,
-                             ffi::ResultBuffer<ffi::S32> active) {
-  const auto a_dims = a.dimensions();
-  const auto h_dims = hidden->dimensions();
-  const size_t rank = a_dims.size();
-  if (rank < 2 || h_dims.size() != rank || lam.dimensions().size() != rank - 1) {
-    return ffi::Error::InvalidArgument("sdm_sparse_winners: a [..., r, B], lambda [..., r] -> [..., B, c]");
+// The sparse step's active units (sparse.train_step) as slots: from a [r, B] (neuron-major,
+// >= 0) and the GABA lambdas [r], with I_b the (k+1)-th largest a[:, b] (Eq. 4 and the GABA
+// switch): every (b, i) with a[i, b] > lambda_i I_b, i.e. a*[b, i] = relu(a - lambda_i I_b) > 0,
+// as slots sorted by example (the first `total`, see the top of the file), and total.
+// After the switch (every lambda >= 1) only the top k of an example can fire: they come from
+// the one selection of the top k + 1. While some lambda < 1, two passes over a (count per
+// example, then write at each example's offset) collect every unit that fires, however many.
+void ActiveOne(const float* __restrict a, const float* __restrict lam, int64_t r, int64_t batch, int64_t k,
+               int64_t num_slots, int32_t* __restrict example, int32_t* __restrict neuron, float* __restrict value,
+               int32_t* total, std::vector<float>& top_values, std::vector<int32_t>& top_indices,
+               std::vector<float>& table, std::vector<float>& chunk_max, std::vector<int32_t>& count) {
+  const int64_t m = k + 1;
+  top_values.resize(batch * m);
+  top_indices.resize(batch * m);
+  TopOne(a, r, batch, m, top_values.data(), top_indices.data(), table, chunk_max, count);
+  for (int64_t q = 0; q < num_slots; ++q) {
+    example[q] = static_cast<int32_t>(batch);
+    neuron[q] = static_cast<int32_t>(r);
+    value[q] = 0.0f;
   }
-  const int64_t r = a_dims[rank - 2], batch = a_dims[rank - 1], c = h_dims[rank - 1];
-  const int64_t m = std::max(k + 1, c);
-  if (h_dims[rank - 2] != batch || lam.dimensions()[rank - 2] != r || k < 0 || c < 1 || m > r) {
-    return ffi::Error::InvalidArgument("sdm_sparse_winners: shape mismatch, or max(k + 1, c) > r");
+  bool switched = true;
+  for (int64_t i = 0; i < r; ++i) switched &= lam[i] >= 1.0f;
+  int64_t written = 0;
+  if (switched) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* vals = top_values.data() + b * m;
+      const int32_t* idx = top_indices.data() + b * m;
+      const float threshold = vals[k];
+      for (int64_t q = 0; q < k; ++q) {
+        const float bar = lam[idx[q]] * threshold;
+        if (!(vals[q] > bar)) continue;
+        if (written < num_slots) {
+          example[written] = static_cast<int32_t>(b);
+          neuron[written] = idx[q];
+          value[written] = vals[q] - bar;
+        }
+        ++written;
+      }
+    }
+    *total = static_cast<int32_t>(std::min<int64_t>(written, INT32_MAX));
+    return;
+  }
+  // During the switch: count per example, then each example's slots start at its offset.
+  std::vector<float> threshold(batch);
+  for (int64_t b = 0; b < batch; ++b) threshold[b] = top_values[b * m + k];
+  count.assign(batch, 0);
+  int32_t* __restrict cnt = count.data();
+  const float* __restrict th = threshold.data();
+  for (int64_t i = 0; i < r; ++i) {
+    const float* __restrict row = a + i * batch;
+    const float li = lam[i];
+#pragma omp simd
+    for (int64_t b = 0; b < batch; ++b) cnt[b] += row[b] > li * th[b];
+  }
+  std::vector<int64_t> offset(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    offset[b] = written;
+    written += cnt[b];
+  }
+  for (int64_t i = 0; i < r; ++i) {
+    const float* __restrict row = a + i * batch;
+    const float li = lam[i];
+    for (int64_t b = 0; b < batch; ++b) {
+      const float bar = li * th[b];
+      if (!(row[b] > bar)) continue;
+      const int64_t q = offset[b]++;
+      if (q < num_slots) {
+        example[q] = static_cast<int32_t>(b);
+        neuron[q] = static_cast<int32_t>(i);
+        value[q] = row[b] - bar;
+      }
+    }
+  }
+  *total = static_cast<int32_t>(std::min<int64_t>(written, INT32_MAX));
+}
+
+ffi::Error ActiveUnitsImpl(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> lam, int64_t k,
+                           ffi::ResultBuffer<ffi::S32> example, ffi::ResultBuffer<ffi::S32> neuron,
+                           ffi::ResultBuffer<ffi::F32> value, ffi::ResultBuffer<ffi::S32> total) {
+  const auto a_dims = a.dimensions();
+  const size_t rank = a_dims.size();
+  if (rank < 2 || lam.dimensions().size() != rank - 1 || example->dimensions().size() != rank - 1) {
+    return ffi::Error::InvalidArgument("sdm_active_units: a [..., r, B], lambda [..., r] -> slots [..., S]");
+  }
+  const int64_t r = a_dims[rank - 2], batch = a_dims[rank - 1];
+  const int64_t num_slots = example->dimensions()[rank - 2];
+  if (lam.dimensions()[rank - 2] != r || k < 0 || k + 1 > r || num_slots < 1) {
+    return ffi::Error::InvalidArgument("sdm_active_units: shape mismatch, or k + 1 > r");
   }
   int64_t problems = 1;
   for (size_t i = 0; i + 2 < rank; ++i) problems *= a_dims[i];
-  thread_local std::vector<float> table, chunk_max, values, reduced, reduced_values;
-  thread_local std::vector<int32_t> count, indices;
-  values.resize(batch * m);
-  indices.resize(batch * m);
+  thread_local std::vector<float> table, chunk_max, top_values;
+  thread_local std::vector<int32_t> count, top_indices;
   for (int64_t p = 0; p < problems; ++p) {
-    const float* ap = a.typed_data() + p * r * batch;
-    const float* lp = lam.typed_data() + p * r;
-    float* hp = hidden->typed_data() + p * batch * c;
-    int32_t* wp = winners->typed_data() + p * batch * c;
-    int32_t* np_ = active->typed_data() + p * batch;
-    TopOne(ap, r, batch, m, values.data(), indices.data(), table, chunk_max, count);
-    bool switched = true;
-    for (int64_t i = 0; i < r; ++i) switched &= lp[i] >= 1.0f;
-    if (switched) {
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* vals = values.data() + b * m;
-        const int32_t* idx = indices.data() + b * m;
-        const float threshold = vals[k];
-        int32_t fired = 0;
-        for (int64_t q = 0; q < k; ++q) fired += vals[q] > lp[idx[q]] * threshold;
-        np_[b] = fired;
-        for (int64_t q = 0; q < c; ++q) {
-          hp[b * c + q] = std::max(vals[q] - threshold, 0.0f);
-          wp[b * c + q] = idx[q];
-        }
-      }
-      continue;
-    }
-    // During the switch: relu(a - lambda I) over all units, counted and selected again.
-    reduced.resize(r * batch);
-    reduced_values.resize(batch * c);
-    std::vector<float> threshold(batch);
-    for (int64_t b = 0; b < batch; ++b) threshold[b] = values[b * m + k];
-    for (int64_t b = 0; b < batch; ++b) np_[b] = 0;
-    for (int64_t i = 0; i < r; ++i) {
-      const float* __restrict row = ap + i * batch;
-      float* __restrict out = reduced.data() + i * batch;
-      const float li = lp[i];
-      for (int64_t b = 0; b < batch; ++b) {
-        const float bar = li * threshold[b];
-        np_[b] += row[b] > bar;
-        out[b] = std::max(row[b] - bar, 0.0f);
-      }
-    }
-    TopOne(reduced.data(), r, batch, c, hp, wp, table, chunk_max, count);
+    ActiveOne(a.typed_data() + p * r * batch, lam.typed_data() + p * r, r, batch, k, num_slots,
+              example->typed_data() + p * num_slots, neuron->typed_data() + p * num_slots,
+              value->typed_data() + p * num_slots, total->typed_data() + p, top_values, top_indices, table, chunk_max,
+              count);
   }
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmSparseWinners(XLA_FFI_CallFrame* call_frame);
+// Exported (the library is built with -fvisibility=hidden); looked up by ctypes.
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmActiveUnits(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseWinners, SparseWinnersImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmActiveUnits, ActiveUnitsImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // a [..., r, B]
                                   .Arg<ffi::Buffer<ffi::F32>>()   // lambda [..., r]
                                   .Attr<int64_t>("k")
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // hidden [..., B, c]
-                                  .Ret<ffi::Buffer<ffi::S32>>()   // winners [..., B, c]
-                                  .Ret<ffi::Buffer<ffi::S32>>());  // active [..., B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // example [..., S]
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // neuron [..., S]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // value [..., S]
+                                  .Ret<ffi::Buffer<ffi::S32>>());  // total [...]
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmTopValuesAndIndices(XLA_FFI_CallFrame* call_frame);
 
@@ -386,17 +516,38 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmTopValuesAndIndices, TopValuesAndIndicesImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()   // values [..., B, m]
                                   .Ret<ffi::Buffer<ffi::S32>>());  // indices [..., B, m]
 
-// Exported (the library is built with -fvisibility=hidden); looked up by ctypes.
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmSparseUpdate(XLA_FFI_CallFrame* call_frame);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdate, UpdateAddressesImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // addresses
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // d_hidden
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // winners
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // values_sq
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // addresses [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., B, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // d [..., S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // neuron [..., S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // example [..., S]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values_sq [...]
                                   .Attr<double>("learning_rate")
                                   .Attr<double>("clip_norm")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // step size
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // step size [...]
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmSparseUpdatePenalized(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePenalized, UpdatePenalizedImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // addresses [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., B, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // d [..., S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // neuron [..., S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // example [..., S]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values_sq [...]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // curvature A [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // center m [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // penalty rows [..., r]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // strength [...]
+                                  .Attr<double>("learning_rate")
+                                  .Attr<double>("clip_norm")
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // step size [...]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // penalty value [...]
