@@ -82,10 +82,11 @@ class SparseSGD(NamedTuple):
   """The optimiser the sparse step implements: clip_by_global_norm -> sgd -> projection.
 
   `max_active`: the mean number of active units per example the step's slots hold, i.e.
-  B * max_active slots for the batch's total (default max(2k, k + 16), at most the neurons;
+  B * max_active slots for the batch's total (default max(4k, k + 32), at most the neurons;
   at least k). One example may take any share of them: the main job's examples have mean
   10.4, p99 20 and maximum 295 active units after the switch (k = 10), which a per-example
-  capacity would either drop or pay for on every example. A batch with more active units in
+  capacity would either drop or pay for on every example; and in the first epochs of each new
+  task the mean rises to 30-40 (neurons short of lambda = +1 fire on the new digits). A batch with more active units in
   all is flagged, and `train.run_block` redoes its block with the dense step, so the result is
   always exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and
   the FFI path's logits and output layer, in proportion to the slots.
@@ -133,7 +134,7 @@ class SparseSGD(NamedTuple):
     """Mean active units per example the slots hold (`max_active`)."""
     if self.max_active is not None and self.max_active < spec.k:
       raise ValueError(f"SparseSGD.max_active={self.max_active} is below k={spec.k}: after the switch k units fire")
-    return min(self.max_active or max(2 * spec.k, spec.k + 16), spec.neurons)
+    return min(self.max_active or max(4 * spec.k, spec.k + 32), spec.neurons)
 
   def num_slots(self, spec: models.ModelSpec, batch: int) -> int:
     """The static number of slots of a batch: batch * `capacity`."""

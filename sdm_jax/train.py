@@ -531,7 +531,10 @@ class SparseSchedule(NamedTuple):
   retry_at: int = 0
 
 
-SPARSE_RETRY_BLOCKS = 10
+# A try that overflowed the slots retries this many blocks later (if the active count allows it
+# then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
+# task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
+SPARSE_RETRY_BLOCKS = 2
 
 
 def run_block_scheduled(

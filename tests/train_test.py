@@ -237,7 +237,8 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
 
 def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
   """`run_block_scheduled`: no try before the active count is known or while it is above capacity;
-  a try that was not exact (the sparse block reports sparse_fraction < 1) retries 10 blocks later."""
+  a try that was not exact (the sparse block reports sparse_fraction < 1) retries
+  `SPARSE_RETRY_BLOCKS` (2) blocks later."""
   calls = []
 
   def block(kind, exact):
@@ -252,9 +253,9 @@ def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
   steps = [  # (active units last block, block index, sparse block exact, which block runs, retry_at, started)
     (None, 3, True, "dense", 0, False),
     (50.0, 3, True, "dense", 0, False),
-    (10.0, 3, False, "sparse", 13, False),
-    (10.0, 3, True, "dense", 13, False),
-    (10.0, 13, True, "sparse", 13, True),
+    (10.0, 3, False, "sparse", 5, False),
+    (10.0, 4, True, "dense", 5, False),
+    (10.0, 5, True, "sparse", 5, True),
   ]
   for active, index, exact, expect, retry_at, started in steps:
     calls.clear()

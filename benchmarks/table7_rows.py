@@ -1,0 +1,148 @@
+r"""One epoch of every Table 7 row's model, as the engine runs it, against the dense FLOP floor.
+
+    python -m benchmarks.table7_rows                                  # 1K and 10K neurons
+    python -m benchmarks.table7_rows --widths=1000 --rows=sdmlp,sdmlp_ewc
+    python -m benchmarks.table7_rows --main_job_state=WORKDIR/final_state.npz   # + the main job's own layer
+
+For each width r and each Table 7 row trained by gradient descent (the FlyModel rows are one
+pass, closed form), in this process: the row's config (experiments/configs/split_mnist.py, with
+its neurons set to r), its model, optimiser and regulariser, and the train step the engine picks
+(`schema.sparse_step_for`: the sparse step where it is exact, else the dense one), run through
+`train.run_block` as the driver does: the sparse block, redone with the dense block if a step
+did not fit. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
+has one; a regularised row first consolidates once on the data (task 1's importances and
+anchors, as at the start of task 2). One epoch is N = 12,665 examples (MNIST task 0, the digits 0
+and 1), batch 128; the best of --repeats epochs after a compile-and-warm-up epoch. The floor is
+`benchmarks.epoch_time`'s: 4 N n r / R with R the best rate of the training-shaped matmul
+(128 x 784) @ (784 x r) measured before each timed epoch.
+
+`--main_job_state` adds a row for the main job's own trained layer (a `final_state.npz` of
+`experiments/configs/split_mnist.py:sdmlp`, seed 0): its addresses and GABA counters, i.e. the
+lambdas a run really has after the switch (most neurons still short of +1, so examples fire
+beyond the top k).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import epoch_time
+from experiments import schema
+from experiments.configs import split_mnist
+from sdm_jax import final_state, sparse, train
+
+_WIDTHS = flags.DEFINE_list("widths", ["1000", "10000"], "Hidden widths r.")
+_ROWS = flags.DEFINE_list(
+  "rows",
+  ["sdmlp_k1", "sdmlp", "sdmlp_ewc", "relu", "topk", "ewc", "mas", "si", "oracle"],
+  "Table 7 rows (experiments/configs/split_mnist.py), each run at every width.",
+)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed epochs per row (best is reported).")
+_MAIN_JOB_STATE = flags.DEFINE_string("main_job_state", None, "final_state.npz of the main job (sdmlp, 1K).")
+
+_EXAMPLES, _BATCH, _INPUTS = 12_665, 128, 784
+
+
+def row_config(row: str, width: int):
+  config = split_mnist.get_config(row)
+  config.model.neurons = width
+  config.model.input_size = _INPUTS
+  return config
+
+
+def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None):
+  """One seed's state: after the switch (or the main job's layer), consolidated once if regularised."""
+  states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=5)
+  if main_job_state is not None:
+    saved = final_state.load(main_job_state)
+    params = jax.tree.map(lambda a: jnp.asarray(a[:1]), saved.params)
+    states = states.replace(params=params, gaba_counts=jnp.asarray(saved.gaba_counts[:1]))
+  elif spec.k_schedule == "gaba":
+    states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, spec.gaba_switch_activations))
+  if regularizer is not None:
+    end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
+    states = end_task(states, x, y, sizes, jnp.int32(0))
+  return states
+
+
+def row_runner(config, main_job_state=None):
+  """(run one epoch -> (active units per example, ran sparse), step name) for a row's config."""
+  spec = schema.model_spec(config)
+  tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
+  sparse_sgd = schema.sparse_step_for(config, spec)
+  x, y = map(jnp.asarray, epoch_time._data(_INPUTS, _EXAMPLES))
+  sizes = jnp.asarray([_EXAMPLES], jnp.int32)
+  block = functools.partial(
+    train.make_train_block, spec=spec, tx=tx, batch_size=_BATCH, epochs=1, seed_axis_data=False, regularizer=regularizer
+  )
+  dense = block()
+  fast = block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None
+  carry = {"states": _state(config, spec, tx, regularizer, x, y, sizes, main_job_state)}
+
+  def run_epoch():
+    states, metrics, ran_sparse = train.run_block(
+      carry["states"], x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
+    )
+    jax.block_until_ready(states)
+    carry["states"] = states
+    return float(metrics.active_per_example[0, -1]), ran_sparse
+
+  return run_epoch, _step_name(config, spec, regularizer, sparse_sgd)
+
+
+def _step_name(config, spec, regularizer, sparse_sgd) -> str:
+  if sparse_sgd is not None:
+    return "sparse (dense if a step overflows)"
+  why = sparse.ineligibility(spec, optimizer=config.optimizer.name, regularizer=regularizer)
+  return f"dense ({why})" if why else "dense"
+
+
+def time_row(run_epoch, rate_fn, repeats: int):
+  run_epoch()  # compile and warm up
+  best, best_rate, active, ran = float("inf"), 0.0, 0.0, []
+  for _ in range(repeats):
+    best_rate = max(best_rate, rate_fn())
+    start = time.perf_counter()
+    active, ran_sparse = run_epoch()
+    best = min(best, time.perf_counter() - start)
+    ran.append(ran_sparse)
+  return best, best_rate, active, all(ran)
+
+
+def main(argv):
+  del argv
+  print(
+    f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.machine()}, {os.cpu_count()} cpus | jax {jax.__version__} on "
+    f"{jax.default_backend()} | N={_EXAMPLES} examples/epoch, batch {_BATCH} | sparse kernels: "
+    f"{sparse.SparseSGD(0.05).address_kernel()}"
+  )
+  print("| r | row | step the engine takes | ran sparse | active/ex | epoch s | dense floor s | / floor |")
+  print("|---|---|---|---|---|---|---|---|")
+  for width in map(int, _WIDTHS.value):
+    rate_fn = functools.partial(epoch_time.matmul_rate, _BATCH, _INPUTS, width, repeats=10, rounds=3)
+    cases = [(row, row_config(row, width), None) for row in _ROWS.value]
+    if _MAIN_JOB_STATE.value and width == 1000:
+      cases.append(("sdmlp (main job's trained layer)", row_config("sdmlp", width), _MAIN_JOB_STATE.value))
+    results = []
+    for name, config, state_file in cases:
+      run_epoch, step = row_runner(config, state_file)
+      results.append((name, step, *time_row(run_epoch, rate_fn, _REPEATS.value)))
+    floor = 4 * _EXAMPLES * _INPUTS * width / max(rate for *_, rate, _, _ in results)
+    for name, step, seconds, _, active, ran in results:
+      print(
+        f"| {width} | {name} | {step} | {'yes' if ran else 'no'} | {active:.1f} | {seconds:.3f} | {floor:.3f} | "
+        f"{seconds / floor:.2f} |",
+        flush=True,
+      )
+
+
+if __name__ == "__main__":
+  app.run(main)
