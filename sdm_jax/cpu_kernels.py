@@ -24,7 +24,8 @@ axpy of length n per active unit (1.3M multiply-adds at batch 128, k = 10, n = 7
 ReLU and the L2 normalisation of the touched rows, in place (the addresses are aliased to the
 result, so XLA passes the buffer through without a copy). `sparse_update_penalized` adds a
 regulariser's quadratic penalty (EWC, MAS, SI's penalty, L2: `regularizers.penalty`'s folded
-form), whose gradient is elementwise: only the rows it touches are read.
+form), whose gradient is elementwise: only the rows it touches are read;
+`sparse_update_path_integral` also accumulates SI's path integral on the rows the slots touch.
 Source: `sdm_jax/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
@@ -60,6 +61,7 @@ _SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
 _TARGETS = {
   "sdm_jax_sparse_update": "SdmSparseUpdate",
   "sdm_jax_sparse_update_penalized": "SdmSparseUpdatePenalized",
+  "sdm_jax_sparse_update_path_integral": "SdmSparseUpdatePathIntegral",
   "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
   "sdm_jax_active_units": "SdmActiveUnits",
 }
@@ -233,6 +235,53 @@ def sparse_update_penalized(
     center.astype(jnp.float32),
     rows.astype(jnp.uint8),
     jnp.asarray(strength, jnp.float32),
+    learning_rate=np.float64(learning_rate),
+    clip_norm=np.float64(clip_norm or 0.0),
+  )
+
+
+def sparse_update_path_integral(
+  addresses,
+  x,
+  slots,
+  values_sq,
+  curvature,
+  center,
+  rows,
+  strength,
+  w,
+  si_d,
+  *,
+  learning_rate: float,
+  clip_norm: float | None,
+):
+  """`sparse_update_penalized` plus SI's path integral (Zenke et al. 2017, Eq. 3).
+
+  w [..., r, n] neuron-major (donated to the result) and si_d [..., S], the path integral's
+  gradient per slot (`regularizers.si_gradient`). After the step, every row the slots touch
+  gets w -= g_si * (new row - old row), `regularizers.si_accumulate` on those rows (g_si is zero
+  elsewhere). Returns (new addresses, step size, the penalty's value, new w).
+  """
+  _check_available()
+  scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
+  matrix = jax.ShapeDtypeStruct(addresses.shape, jnp.float32)
+  call = jax.ffi.ffi_call(
+    "sdm_jax_sparse_update_path_integral",
+    (matrix, scalar, scalar, matrix),
+    input_output_aliases={0: 0, 10: 3},
+    vmap_method="broadcast_all",
+  )
+  return call(
+    addresses.astype(jnp.float32),
+    x.astype(jnp.float32),
+    *_slot_operands(slots),
+    jnp.asarray(values_sq, jnp.float32),
+    curvature.astype(jnp.float32),
+    center.astype(jnp.float32),
+    rows.astype(jnp.uint8),
+    jnp.asarray(strength, jnp.float32),
+    w.astype(jnp.float32),
+    si_d.astype(jnp.float32),
     learning_rate=np.float64(learning_rate),
     clip_norm=np.float64(clip_norm or 0.0),
   )

@@ -12,9 +12,9 @@ detached (k+1)-th largest activation: once every lambda is +1 at most k units pe
 non-zero, and while some neurons are still short of +1 a few more; only non-zero units pass
 gradient. With plain SGD (no momentum, no weight decay) a neuron that no example of the batch
 activated gets a zero data gradient, and its address is already on the constraint set, so it
-needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, L2: `regularizers.penalty`,
-λ Σ A (θ − m)² in its folded form) adds the elementwise gradient 2λ A (θ − m): no matmul, and
-zero on the rows where A is zero. The step therefore:
+needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
+`regularizers.penalty`, λ Σ A (θ − m)² in its folded form) adds the elementwise gradient
+2λ A (θ − m): no matmul, and zero on the rows where A is zero. The step therefore:
 
 1. forward: a = x X_a (the one dense matmul), the threshold, and every active unit as a slot
    (example, neuron, a*), sorted by example. The slots hold the batch's TOTAL active count
@@ -43,7 +43,10 @@ zero on the rows where A is zero. The step therefore:
      rows only;
    - with a penalty, XLA takes the dense elementwise route: the penalty's gradient over all
      address rows plus the data rows scattered in, one norm, every row with a gradient stepped;
-4. X_v (r x classes, small) is updated and clamped densely, its penalty gradient included.
+4. X_v (r x classes, small) is updated and clamped densely, its penalty gradient included;
+5. SI (Zenke et al. 2017): the path integral's gradient (the β-tempered NLL's, or the
+   cross-entropy's) comes through the same slots, and w -= g_si * Δθ is accumulated on the
+   rows the slots touched (g_si is zero elsewhere), in the same kernel call.
 
 The addresses (and a penalty's A and m) are carried neuron-major ([r, n]) inside a block of
 epochs, so a neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
@@ -53,7 +56,7 @@ A batch with more active units than the slots hold (early in the switch, lambda 
 every unit fire), or that touches more distinct neurons than the compact XLA path holds, is
 flagged, and `train.run_block` redoes the whole block of epochs with the dense step from a copy
 of the state, so results are always exact. The dense path (`train.train_step`) stays for
-momentum optimisers, SI's path integral, biases, dropout, masks and linear annealing.
+momentum optimisers, biases, dropout, masks and linear annealing.
 `tests/sparse_test.py` checks the two agree to 1e-5, through the switch, beyond k active units
 per example, with every penalty, with neurons shared across a batch. Measured on CPU only
 (benchmarks/README.md); the experiment runner uses it on CPU (`lax.map` over seeds) only.
@@ -73,9 +76,8 @@ from sdm_jax import cpu_kernels, layers, models, regularizers
 
 
 KERNELS = ("auto", "xla", "ffi")
-# Regularisers whose whole effect on a step is the folded quadratic penalty (SI also changes its
-# path integral every step, from a second gradient: it stays on the dense step).
-PENALTY_METHODS = ("ewc", "mas", "l2")
+# Regularisers the sparse step implements: the folded quadratic penalty, and SI's path integral.
+PENALTY_METHODS = ("ewc", "mas", "l2", "si")
 
 
 class SparseSGD(NamedTuple):
@@ -171,7 +173,7 @@ def ineligibility(
   if optimizer != "sgd" or weight_decay:
     return f"optimizer {optimizer!r} (only plain sgd leaves silent neurons untouched)"
   if regularizer is not None and regularizer.method not in PENALTY_METHODS:
-    return f"regulariser {regularizer.method!r} (its per-step path integral needs a second gradient)"
+    return f"regulariser {regularizer.method!r}"
   return None
 
 
@@ -185,6 +187,15 @@ def to_neuron_major(params: dict) -> dict:
 
 
 to_input_major = to_neuron_major  # the transpose is its own inverse
+
+
+def to_neuron_major_state(state):
+  """The state as the sparse step carries it inside a block: the hidden kernel, and SI's path
+  integral w (when there is a regulariser), neuron-major. Its own inverse."""
+  state = state.replace(params=to_neuron_major(state.params))
+  if state.reg is not None:
+    state = state.replace(reg=state.reg.replace(w=to_neuron_major(state.reg.w)))
+  return state
 
 
 class Penalty(NamedTuple):
@@ -217,7 +228,17 @@ def penalty_of(reg_state: regularizers.RegState) -> Penalty:
   )
 
 
-def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD, strength=None, penalty=None):
+def train_step(
+  state,
+  x,
+  y,
+  valid,
+  *,
+  spec: models.ModelSpec,
+  sgd: SparseSGD,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  penalty: Penalty | None = None,
+):
   """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
 
   Same contract as `train.train_step` (x is float here): returns the new state
@@ -227,7 +248,9 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD, st
   and the caller must redo the block with the dense step (`train.run_block`). A
   per-step `lax.cond` fallback would be simpler, but on XLA:CPU it costs ~1 ms
   per step in buffer copies, more than the sparse step saves at 1K neurons.
-  `penalty` (`penalty_of`) and `strength` (λ, may be traced): a regulariser's penalty.
+  `regularizer` (its values may be traced: a population member's) with `penalty`
+  (`penalty_of`): the penalty, and SI's path integral in `state.reg.w` (neuron-major,
+  `to_neuron_major_state`).
   """
   # Padded examples get x = 0: no unit fires for them, so they take no slot.
   x = layers.sdm_input(x) * valid[:, None].astype(jnp.float32)
@@ -245,7 +268,7 @@ def train_step(state, x, y, valid, *, spec: models.ModelSpec, sgd: SparseSGD, st
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
   state, stats, touched_fit = _sparse_update(
-    state, x, slots, y, valid, spec=spec, sgd=sgd, strength=strength, penalty=penalty
+    state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty
   )
   return state, stats + (((total <= num_slots) & touched_fit).astype(jnp.int32),)
 
@@ -278,7 +301,24 @@ def _active_units(a, lam, *, spec, num_slots):
   return jax.lax.cond(jnp.all(lam >= 1.0), after_switch, during_switch)
 
 
-def _sparse_update(state, x, slots, y, valid, *, spec, sgd, strength=None, penalty=None):
+def _slot_gradients(d_logits, slots, gathered_values, values_kernel):
+  """d a* per slot [S] (zero where a* = 0) and d X_v [r, classes] from d logits [B, classes]."""
+  example, neuron, value = slots
+  slot_d_logits = d_logits.at[example].get(mode="fill", fill_value=0.0)  # [S, classes]
+  d = jnp.where(value > 0, jnp.sum(slot_d_logits * gathered_values, axis=-1), 0.0)
+  return d, jnp.zeros_like(values_kernel).at[neuron].add(value[:, None] * slot_d_logits)
+
+
+def _path_integral_d_logits(logits, y, valid, d_logits, regularizer):
+  """d logits of SI's path-integral loss (`regularizers.si_gradient`): the β-tempered NLL summed
+  over the batch ("reference"), or the batch-mean cross-entropy itself ("textbook")."""
+  if regularizer.si_variant == "textbook":
+    return d_logits
+  one_hot = jax.nn.one_hot(y, logits.shape[-1])
+  return regularizer.beta * (jax.nn.softmax(regularizer.beta * logits) - one_hot) * valid[:, None].astype(jnp.float32)
+
+
+def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, penalty=None):
   """The SGD step from the active units' slots (example, neuron, a*), each [S].
 
   Returns the new state, (loss sum, correct, activity sum [r], active count),
@@ -286,75 +326,92 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, strength=None, penal
   """
   example, neuron, value = slots
   batch = x.shape[0]
-  addresses = state.params["hidden"]["kernel"]  # [r, n]
   values_kernel = state.params["output"]["kernel"]  # [r, classes]
   gathered_values = values_kernel.at[neuron].get(mode="fill", fill_value=0.0)  # [S, classes]
   logits = jax.ops.segment_sum(value[:, None] * gathered_values, example, batch, indices_are_sorted=True)
 
   # Mean cross-entropy over the valid examples, differentiated by hand.
-  validf = valid.astype(jnp.float32)
   n_valid = jnp.maximum(valid.sum(), 1)
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
-  d_logits = (jax.nn.softmax(logits) - jax.nn.one_hot(y, spec.num_classes)) * (validf / n_valid)[:, None]
-  slot_d_logits = d_logits.at[example].get(mode="fill", fill_value=0.0)  # [S, classes]
-  fired = value > 0
-  d = jnp.where(fired, jnp.sum(slot_d_logits * gathered_values, axis=-1), 0.0)
-  d_values = jnp.zeros_like(values_kernel).at[neuron].add(value[:, None] * slot_d_logits)
+  d_logits = (jax.nn.softmax(logits) - jax.nn.one_hot(y, spec.num_classes)) * (valid.astype(jnp.float32) / n_valid)[
+    :, None
+  ]
+  d, d_values = _slot_gradients(d_logits, slots, gathered_values, values_kernel)
+  si = regularizer is not None and regularizer.method == "si"
+  if si:  # the path integral's gradient; the authors' variant also adds it to the step's
+    si_d, si_d_values = _slot_gradients(
+      _path_integral_d_logits(logits, y, valid, d_logits, regularizer), slots, gathered_values, values_kernel
+    )
+    if regularizer.si_variant == "reference":
+      d, d_values = d + si_d, d_values + si_d_values
+  penalty_sum = 0.0
   if penalty is not None:
     values_diff = values_kernel - penalty.values_center
-    d_values = d_values + 2.0 * strength * penalty.values_curvature * values_diff
+    d_values = d_values + 2.0 * regularizer.strength * penalty.values_curvature * values_diff
     penalty_sum = jnp.sum(penalty.values_curvature * jnp.square(values_diff)) + penalty.offset
   values_sq = jnp.sum(jnp.square(d_values))
 
-  slots = (d, neuron, example)
-  touched_fit = True
-  if sgd.address_kernel() == "ffi":
-    # Every touched row, no capacity (one axpy per slot, in place): `cpu_kernels.sparse_update`.
-    update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
-    if penalty is None:
-      addresses, step_size = cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update)
-    else:
-      addresses, step_size, address_penalty = cpu_kernels.sparse_update_penalized(
-        addresses,
-        x,
-        slots,
-        values_sq,
-        penalty.address_curvature,
-        penalty.address_center,
-        penalty.rows,
-        strength,
-        **update,
-      )
-      penalty_sum = penalty_sum + address_penalty
-  elif penalty is not None:
-    addresses, step_size, address_penalty = _update_penalized_rows(
-      addresses, x, slots, values_sq, penalty, strength, spec=spec, sgd=sgd
-    )
-    penalty_sum = penalty_sum + address_penalty
-  elif touched_capacity := sgd.touched_capacity(spec, batch):
-    addresses, step_size, touched_fit = _update_touched_rows(
-      addresses, x, slots, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
-    )
-  else:
-    addresses, step_size = _update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd)
-  values_kernel = jax.nn.relu(values_kernel - step_size * d_values)
+  reg = state.reg
+  addresses, step_size, address_penalty, touched_fit, w = _update_addresses(
+    state.params["hidden"]["kernel"],
+    x,
+    (d, neuron, example),
+    values_sq,
+    spec=spec,
+    sgd=sgd,
+    strength=None if penalty is None else regularizer.strength,
+    penalty=penalty,
+    si=(reg.w["hidden"]["kernel"], si_d) if si else None,
+  )
+  new_values = jax.nn.relu(values_kernel - step_size * d_values)
   if penalty is not None:
-    loss = loss + strength * penalty_sum  # the penalty's value at the step's starting point
+    loss = loss + regularizer.strength * (penalty_sum + address_penalty)  # the penalty at the step's start
+  if si:  # regularizers.si_accumulate on the output layer; the kernel did the addresses' rows
+    w_values = reg.w["output"]["kernel"] - si_d_values * (new_values - values_kernel)
+    reg = reg.replace(w={**reg.w, "hidden": {**reg.w["hidden"], "kernel": w}, "output": {"kernel": w_values}})
 
-  firedf = fired.astype(jnp.float32)
+  fired = (value > 0).astype(jnp.float32)
   counts = state.gaba_counts
   if spec.k_schedule == "gaba":
-    counts = counts.at[neuron].add(firedf)
+    counts = counts.at[neuron].add(fired)
   params = {
     **state.params,
     "hidden": {**state.params["hidden"], "kernel": addresses},
-    "output": {**state.params["output"], "kernel": values_kernel},
+    "output": {**state.params["output"], "kernel": new_values},
   }
-  new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
+  new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1, reg=reg)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value)
-  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, firedf.sum())
+  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
   return new_state, stats, touched_fit
+
+
+def _update_addresses(addresses, x, slots, values_sq, *, spec, sgd, strength, penalty, si):
+  """The address update on the path `sgd` picks. Returns (addresses, step size, the penalty's
+  value on the addresses (0 without one), whether the compact path's rows fitted, SI's new w)."""
+  update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
+  if sgd.address_kernel() == "ffi":
+    # Every touched row, no capacity (one axpy per slot, in place): `cpu_kernels`.
+    if penalty is None:
+      return (*cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None)
+    operands = (penalty.address_curvature, penalty.address_center, penalty.rows, strength)
+    if si is None:
+      return (*cpu_kernels.sparse_update_penalized(addresses, x, slots, values_sq, *operands, **update), True, None)
+    addresses, step_size, value, w = cpu_kernels.sparse_update_path_integral(
+      addresses, x, slots, values_sq, *operands, *si, **update
+    )
+    return addresses, step_size, value, True, w
+  if penalty is not None:
+    addresses, step_size, value, w = _update_penalized_rows(
+      addresses, x, slots, values_sq, penalty, strength, si, spec=spec, sgd=sgd
+    )
+    return addresses, step_size, value, True, w
+  if touched_capacity := sgd.touched_capacity(spec, x.shape[0]):
+    addresses, step_size, fit = _update_touched_rows(
+      addresses, x, slots, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
+    )
+    return addresses, step_size, 0.0, fit, None
+  return (*_update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd), 0.0, True, None)
 
 
 def _clipped_step_size(grad_norm, sgd):
@@ -429,12 +486,13 @@ def _update_slot_rows(addresses, x, slots, values_sq, *, spec, sgd):
   return addresses, step_size
 
 
-def _update_penalized_rows(addresses, x, slots, values_sq, penalty, strength, *, spec, sgd):
+def _update_penalized_rows(addresses, x, slots, values_sq, penalty, strength, si, *, spec, sgd):
   """SGD + projection with a penalty, elementwise over all address rows (the XLA route).
 
   g = 2λ A (θ − m) on every row plus the data rows scattered in (one row per slot); the
   global norm over all of it; every row with a non-zero gradient stepped and re-projected, the
-  others left as they are. Returns also the penalty's value Σ A (θ − m)² at the old addresses.
+  others left as they are. Returns the addresses, the step size, the penalty's value
+  Σ A (θ − m)² at the old addresses, and with `si` = (w, si_d) SI's new path integral.
   """
   d, neuron, example = slots
   diff = addresses - penalty.address_center
@@ -445,7 +503,13 @@ def _update_penalized_rows(addresses, x, slots, values_sq, penalty, strength, *,
   step_size = _clipped_step_size(jnp.sqrt(jnp.sum(jnp.square(gradient)) + values_sq), sgd)
   moved = _moved_rows(penalty.rows, neuron, d)
   stepped = layers.l2_normalize(jax.nn.relu(addresses - step_size * gradient), axis=-1)
-  return jnp.where(moved[:, None], stepped, addresses), step_size, address_penalty
+  new = jnp.where(moved[:, None], stepped, addresses)
+  w = None
+  if si is not None:
+    w, si_d = si
+    si_gradient = jnp.zeros_like(addresses).at[neuron].add(si_d[:, None] * slot_x, mode="drop")
+    w = w - si_gradient * (new - addresses)
+  return new, step_size, address_penalty, w
 
 
 def _moved_rows(penalty_rows, neuron, d):

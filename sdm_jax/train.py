@@ -40,7 +40,7 @@ class TrainState:
   Attributes:
     params: model parameters (see `models.init_params`).
     opt_state: optax state.
-    gaba_counts: float32 [neurons], C_i of Eq. 8: examples for which neuron i
+    gaba_counts: float32 [neurons], C_i of the GABA switch (App. B.3): examples for which neuron i
       fired (output > 0) in training forward passes so far.
     epoch: int32, global epoch counter E_t (drives the k schedule of Eq. 4).
     step: int32, optimiser steps taken.
@@ -294,7 +294,6 @@ def train_epoch(
 
     def step(state):
       if sparse_sgd is not None:
-        strength = None if penalty is None else member_regularizer(regularizer, state).strength
         return sparse.train_step(
           state,
           to_float_input(x_task[idx]),
@@ -302,7 +301,7 @@ def train_epoch(
           valid,
           spec=spec,
           sgd=sparse_sgd,
-          strength=strength,
+          regularizer=member_regularizer(regularizer, state),
           penalty=penalty,
         )
       return train_step(
@@ -374,9 +373,8 @@ def train_epochs(
 
   if sparse_sgd is None:
     return jax.lax.scan(body, state, None, length=epochs)
-  state = state.replace(params=sparse.to_neuron_major(state.params))
-  state, metrics = jax.lax.scan(body, state, None, length=epochs)
-  return state.replace(params=sparse.to_input_major(state.params)), metrics
+  state, metrics = jax.lax.scan(body, sparse.to_neuron_major_state(state), None, length=epochs)
+  return sparse.to_neuron_major_state(state), metrics
 
 
 SEED_LOOPS = ("auto", "vmap", "map")

@@ -239,16 +239,23 @@ PENALTIES = [
   regularizers.RegularizerSpec("ewc", 300.0, online=True, decay=0.9, fisher="exact", fisher_labels="true"),
   regularizers.RegularizerSpec("mas", 5.0),
   regularizers.RegularizerSpec("l2", 0.5),
+  regularizers.RegularizerSpec("si", 20.0, beta=0.1),  # the authors' path integral (tempered, summed)
+  regularizers.RegularizerSpec("si", 20.0, si_variant="textbook"),
 ]
 
 
 @pytest.mark.parametrize("kernel", ["ffi", "xla"])
-@pytest.mark.parametrize("regularizer", PENALTIES, ids=lambda r: f"{r.method}{'_online' if r.online else ''}")
+@pytest.mark.parametrize(
+  "regularizer",
+  PENALTIES,
+  ids=lambda r: r.method + ("_online" if r.online else "") + ("_textbook" if r.si_variant == "textbook" else ""),
+)
 @pytest.mark.slow
 def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer, kernel):
-  """SDMLP with EWC (per-task slot and online), MAS or L2: the data gradient through the slots,
-  the penalty's 2λA(θ − m) elementwise, the clip over the true global norm, the projection over
-  every row moved. Task 1, the boundary (importances, anchors), task 2: same as the dense step."""
+  """SDMLP with EWC (per-task slot and online), MAS, L2 or SI (both path integrals): the data
+  gradient through the slots, the penalty's 2λA(θ − m) elementwise, the clip over the true global
+  norm, the projection over every row moved, SI's w on the rows touched. Task 1, the boundary
+  (importances, anchors), task 2: same as the dense step (SI's w too)."""
   if kernel == "ffi" and not cpu_kernels.available():
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=400)
@@ -265,6 +272,7 @@ def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer,
     b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
     np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    chex.assert_trees_all_close(a.reg, b.reg, atol=1e-5, rtol=1e-4)
     np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
     np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
     if task == 0:

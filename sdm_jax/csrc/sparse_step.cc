@@ -2,6 +2,7 @@
 //   SdmActiveUnits         the active units a* > 0 of a batch as a flat list of slots;
 //   SdmSparseUpdate        the address update from those slots (SGD, clip, projection);
 //   SdmSparseUpdatePenalized  the same plus a quadratic penalty (EWC, MAS, SI, L2);
+//   SdmSparseUpdatePathIntegral  the penalised update plus SI's path integral w -= g_si * delta theta;
 //   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices).
 //
 // Slots. A batch's active units are S slots (example, neuron, value), sorted by example; the
@@ -53,11 +54,20 @@ struct Penalty {
   float strength = 0.0f;
 };
 
+// SI's path integral (Zenke et al. 2017, Eq. 3): w -= g_si * (new theta - old theta) on the rows
+// g_si touches, with g_si the gradient from the slots' `d` (null `w`: none).
+struct PathIntegral {
+  float* w = nullptr;        // [r, n], updated in place
+  const float* d = nullptr;  // [S]
+};
+
 struct Scratch {
   std::vector<int32_t> offsets;   // [r + 1]: CSR offsets of each neuron's slots
   std::vector<int32_t> slots;     // slot ids grouped by neuron, ascending within a neuron
   std::vector<int32_t> rows;      // rows with a gradient (data or penalty), ascending
   std::vector<float> gradients;   // [rows, n]
+  std::vector<float> si_gradients;  // [rows, n] (SI: the path integral's gradient, data rows only)
+  std::vector<float> old_row;     // [n] (SI: the row before the step)
 };
 
 thread_local Scratch scratch;
@@ -103,7 +113,7 @@ void DataGradientRow(float* __restrict g, int32_t p, int32_t end, const int32_t*
 float UpdateOne(float* __restrict out, const float* __restrict x, const float* __restrict d,
                 const int32_t* __restrict neuron, const int32_t* __restrict example, float values_sq, int64_t r,
                 int64_t n, int64_t batch, int64_t num_slots, double learning_rate, double clip_norm,
-                const Penalty& penalty, float* penalty_value) {
+                const Penalty& penalty, const PathIntegral& si, float* penalty_value) {
   Scratch& s = scratch;
   // Counting sort of the slots by neuron (stable: ascending slot within a neuron).
   s.offsets.assign(r + 2, 0);
@@ -124,6 +134,10 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
   }
   const int64_t num_rows = static_cast<int64_t>(s.rows.size());
   s.gradients.resize(std::max<int64_t>(num_rows * n, 1));
+  if (si.w) {
+    s.si_gradients.resize(std::max<int64_t>(num_rows * n, 1));
+    s.old_row.resize(std::max<int64_t>(n, 1));
+  }
   const float two_strength = 2.0f * penalty.strength;
   double address_sq = 0.0, penalty_sum = 0.0;
   for (int64_t t = 0; t < num_rows; ++t) {
@@ -132,6 +146,10 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     const bool has_data = s.offsets[i + 1] > s.offsets[i];
     if (has_data) {
       DataGradientRow(g, s.offsets[i], s.offsets[i + 1], s.slots.data(), d, example, x, n, batch);
+      if (si.w) {
+        DataGradientRow(s.si_gradients.data() + t * n, s.offsets[i], s.offsets[i + 1], s.slots.data(), si.d, example,
+                        x, n, batch);
+      }
     }
     if (penalty.curvature && penalty.rows[i]) {
       const float* __restrict a = penalty.curvature + static_cast<int64_t>(i) * n;
@@ -172,8 +190,11 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
   }
 
   for (int64_t t = 0; t < num_rows; ++t) {
-    float* __restrict row = out + static_cast<int64_t>(s.rows[t]) * n;
+    const int32_t i = s.rows[t];
+    float* __restrict row = out + static_cast<int64_t>(i) * n;
     const float* __restrict g = s.gradients.data() + t * n;
+    const bool path_integral = si.w && s.offsets[i + 1] > s.offsets[i];
+    if (path_integral) std::memcpy(s.old_row.data(), row, sizeof(float) * n);
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int64_t j = 0; j < n; ++j) {
@@ -186,6 +207,13 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     const float inv = 1.0f / (norm > 0.0f ? norm : 1.0f);
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) row[j] = row[j] * inv;
+    if (path_integral) {  // regularizers.si_accumulate: w - g * (new - old)
+      float* __restrict w = si.w + static_cast<int64_t>(i) * n;
+      const float* __restrict gsi = s.si_gradients.data() + t * n;
+      const float* __restrict old = s.old_row.data();
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) w[j] = w[j] - gsi[j] * (row[j] - old[j]);
+    }
   }
   return step;
 }
@@ -221,20 +249,24 @@ ffi::Error CheckUpdateShapes(const ffi::Buffer<ffi::F32>& addresses, const ffi::
 ffi::Error RunUpdates(const UpdateShape& sh, const float* in_data, float* out_data, const float* x, const float* d,
                       const int32_t* neuron, const int32_t* example, const float* values_sq, double learning_rate,
                       double clip_norm, const float* curvature, const float* center, const uint8_t* rows,
-                      const float* strength, float* step, float* penalty_value) {
+                      const float* strength, float* step, float* penalty_value, const float* si_d = nullptr,
+                      const float* w_in = nullptr, float* w_out = nullptr) {
   if (out_data != in_data) {  // XLA did not alias the buffers: start from a copy
     std::memcpy(out_data, in_data, sizeof(float) * sh.problems * sh.r * sh.n);
   }
   const int64_t rn = sh.r * sh.n;
+  if (w_out != nullptr && w_out != w_in) std::memcpy(w_out, w_in, sizeof(float) * sh.problems * rn);
   for (int64_t p = 0; p < sh.problems; ++p) {
     Penalty penalty;
     if (curvature != nullptr) {
       penalty = Penalty{curvature + p * rn, center + p * rn, rows + p * sh.r, strength[p]};
     }
+    PathIntegral si;
+    if (w_out != nullptr) si = PathIntegral{w_out + p * rn, si_d + p * sh.num_slots};
     float value = 0.0f;
     step[p] = UpdateOne(out_data + p * rn, x + p * sh.batch * sh.n, d + p * sh.num_slots, neuron + p * sh.num_slots,
                         example + p * sh.num_slots, values_sq[p], sh.r, sh.n, sh.batch, sh.num_slots, learning_rate,
-                        clip_norm, penalty, &value);
+                        clip_norm, penalty, si, &value);
     if (penalty_value != nullptr) penalty_value[p] = value;
   }
   return ffi::Error::Success();
@@ -278,6 +310,33 @@ ffi::Error UpdatePenalizedImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi:
                     neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
                     curvature.typed_data(), center.typed_data(), rows.typed_data(), strength.typed_data(),
                     step->typed_data(), penalty_value->typed_data());
+}
+
+ffi::Error UpdatePathIntegralImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> d,
+                                  ffi::Buffer<ffi::S32> neuron, ffi::Buffer<ffi::S32> example,
+                                  ffi::Buffer<ffi::F32> values_sq, ffi::Buffer<ffi::F32> curvature,
+                                  ffi::Buffer<ffi::F32> center, ffi::Buffer<ffi::U8> rows,
+                                  ffi::Buffer<ffi::F32> strength, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> si_d,
+                                  double learning_rate, double clip_norm, ffi::ResultBuffer<ffi::F32> out,
+                                  ffi::ResultBuffer<ffi::F32> step, ffi::ResultBuffer<ffi::F32> penalty_value,
+                                  ffi::ResultBuffer<ffi::F32> w_out) {
+  UpdateShape shape;
+  if (auto error = CheckUpdateShapes(addresses, x, d, neuron, example, values_sq, shape); error.failure()) {
+    return error;
+  }
+  const int64_t p = shape.problems;
+  if (curvature.element_count() != addresses.element_count() || center.element_count() != addresses.element_count() ||
+      w.element_count() != addresses.element_count() || w_out->element_count() != addresses.element_count() ||
+      si_d.element_count() != d.element_count() || static_cast<int64_t>(rows.element_count()) != p * shape.r ||
+      static_cast<int64_t>(strength.element_count()) != p || static_cast<int64_t>(step->element_count()) != p ||
+      static_cast<int64_t>(penalty_value->element_count()) != p) {
+    return ffi::Error::InvalidArgument("sdm_sparse_update_path_integral: operand shapes");
+  }
+  return RunUpdates(shape, addresses.typed_data(), out->typed_data(), x.typed_data(), d.typed_data(),
+                    neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
+                    curvature.typed_data(), center.typed_data(), rows.typed_data(), strength.typed_data(),
+                    step->typed_data(), penalty_value->typed_data(), si_d.typed_data(), w.typed_data(),
+                    w_out->typed_data());
 }
 
 // Top-m values (descending) and their indices per example, from neuron-major activations
@@ -551,3 +610,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePenalized, UpdatePenalizedImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
                                   .Ret<ffi::Buffer<ffi::F32>>()  // step size [...]
                                   .Ret<ffi::Buffer<ffi::F32>>());  // penalty value [...]
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmSparseUpdatePathIntegral(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // addresses [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., B, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // d [..., S] (the optimiser's)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // neuron [..., S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // example [..., S]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values_sq [...]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // curvature A [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // center m [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // penalty rows [..., r]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // strength [...]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // SI's w [..., r, n]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // SI's d [..., S] (the path integral's gradient)
+                                  .Attr<double>("learning_rate")
+                                  .Attr<double>("clip_norm")
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // step size [...]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // penalty value [...]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // new w
