@@ -84,11 +84,14 @@ class SparseSGD(NamedTuple):
   """The optimiser the sparse step implements: clip_by_global_norm -> sgd -> projection.
 
   `max_active`: the mean number of active units per example the step's slots hold, i.e.
-  B * max_active slots for the batch's total (default max(4k, k + 32), at most the neurons;
+  B * max_active slots for the batch's total (default max(8k, k + 64), at most the neurons;
   at least k). One example may take any share of them: the main job's examples have mean
   10.4, p99 20 and maximum 295 active units after the switch (k = 10), which a per-example
-  capacity would either drop or pay for on every example; and in the first epochs of each new
-  task the mean rises to 30-40 (neurons short of lambda = +1 fire on the new digits). A batch with more active units in
+  capacity would either drop or pay for on every example; in the first epochs of each new task
+  the mean rises to 30-40 (neurons short of lambda = +1 fire on the new digits), and near the end
+  of the switch to 50-70. The slots' XLA work (logits, output layer) grows with their number:
+  an epoch at 1K neurons costs 4% more with 80 than with 42 per example, 18% more with 128 than
+  with 16 (2-core CPU). A batch with more active units in
   all is flagged, and `train.run_block` redoes its block with the dense step, so the result is
   always exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and
   the FFI path's logits and output layer, in proportion to the slots.
@@ -97,8 +100,8 @@ class SparseSGD(NamedTuple):
   slot. n > 0: the distinct neurons of the batch (at most n; more is flagged like the slots)
   are gathered once, their gradient rows are one [n, B] @ [B, inputs] matmul, and each is
   written once. None (default): the compact path when the slots outnumber the neurons (a
-  small layer: 1K neurons; ~1.3x faster per step) with n = max(r // 2, min(r, 256)), else the
-  per-slot path (10K neurons). It applies to the XLA update only.
+  small layer: B * k >= r, 1K neurons; ~1.3x faster per step) with n = max(r // 2, min(r, 256)),
+  else the per-slot path (10K neurons). It applies to the XLA update only.
 
   `kernel` picks how the selection and the address update run: "auto" (default) the C++ FFI
   kernels (`cpu_kernels.active_units` and `cpu_kernels.sparse_update`: no touched capacity)
@@ -136,7 +139,7 @@ class SparseSGD(NamedTuple):
     """Mean active units per example the slots hold (`max_active`)."""
     if self.max_active is not None and self.max_active < spec.k:
       raise ValueError(f"SparseSGD.max_active={self.max_active} is below k={spec.k}: after the switch k units fire")
-    return min(self.max_active or max(4 * spec.k, spec.k + 32), spec.neurons)
+    return min(self.max_active or max(8 * spec.k, spec.k + 64), spec.neurons)
 
   def num_slots(self, spec: models.ModelSpec, batch: int) -> int:
     """The static number of slots of a batch: batch * `capacity`."""
@@ -146,7 +149,7 @@ class SparseSGD(NamedTuple):
     """Static distinct-neuron capacity of the compact path, or 0 for the per-slot path."""
     if self.max_touched is not None:
       return min(self.max_touched, spec.neurons)
-    if self.num_slots(spec, batch) < spec.neurons:
+    if batch * spec.k < spec.neurons:  # after the switch the batch touches at most B * k rows
       return 0
     # Half the neurons (500 of 1K); all of a small layer (<= 256), whose batches touch most of it.
     return max(spec.neurons // 2, min(spec.neurons, 256))
