@@ -284,10 +284,11 @@ def _active_units(a, lam, *, spec, num_slots):
   threshold = top_values[:, spec.k]  # I of Eq. 4: the (k+1)-th largest
 
   def after_switch():
-    # lambda = +1 everywhere: only the top k can exceed I. Slots b * k + j, the silent ones padding.
+    # lambda = +1 everywhere: only the top k can exceed I. Slots b * k + j (sorted by example);
+    # a silent one keeps its example but no neuron (r), so it moves nothing.
     value = jax.nn.relu(top_values[:, : spec.k] - threshold[:, None]).reshape(-1)
     neuron = jnp.where(value > 0, top_indices[:, : spec.k].reshape(-1), r)
-    example = jnp.where(value > 0, jnp.repeat(jnp.arange(batch), spec.k), batch)
+    example = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), spec.k)
     pad = num_slots - batch * spec.k
     slots = (jnp.pad(example, (0, pad), constant_values=batch), jnp.pad(neuron, (0, pad), constant_values=r))
     return (*slots, jnp.pad(value, (0, pad))), jnp.sum(value > 0).astype(jnp.int32)

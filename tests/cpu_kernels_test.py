@@ -190,6 +190,7 @@ def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
   rng = np.random.default_rng(k + capacity)
   r, batch = 60, 32
   a = np.maximum(rng.normal(size=(r, batch)), 0).astype(np.float32)
+  a[k // 2 + 1 :, 0] = 0.0  # example 0: fewer than k + 1 positive units, I = 0, some of its top k silent
   spec = models.sdmlp(784, r, 10, k=k, gaba_switch_activations=100.0)
   counts = np.full(r, 1e3, np.float32)
   if not switched:
@@ -204,12 +205,14 @@ def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
   kept = min(len(example), num_slots)
   for slots in (got, xla):
     slot_example, slot_neuron, slot_value = map(np.asarray, slots)
-    np.testing.assert_array_equal(slot_example[:kept], example[:kept])  # sorted by example
-    order = np.lexsort((slot_neuron[:kept], slot_example[:kept]))  # within an example: any order
+    assert np.all(np.diff(slot_example) >= 0)  # sorted by example (padding: example = batch, last)
+    used = slot_neuron < r  # the rest move nothing: no neuron, a* = 0
+    assert np.all(slot_value[~used] == 0) and used.sum() == kept
+    order = np.lexsort((slot_neuron[used], slot_example[used]))  # within an example: any order
     want = np.lexsort((neuron[:kept], example[:kept]))
-    np.testing.assert_array_equal(slot_neuron[:kept][order], neuron[:kept][want])
-    np.testing.assert_allclose(slot_value[:kept][order], value[:kept][want], rtol=1e-6, atol=1e-7)
-    assert np.all(slot_example[kept:] == batch) and np.all(slot_neuron[kept:] == r) and np.all(slot_value[kept:] == 0)
+    np.testing.assert_array_equal(slot_example[used][order], example[:kept][want])
+    np.testing.assert_array_equal(slot_neuron[used][order], neuron[:kept][want])
+    np.testing.assert_allclose(slot_value[used][order], value[:kept][want], rtol=1e-6, atol=1e-7)
   per_example = np.bincount(example, minlength=batch)
   if switched:
     assert per_example.max() <= k
