@@ -40,12 +40,14 @@ import time
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from sdm_jax import mesh as mesh_lib
 from sdm_jax import checkpoint, continual, final_state, flymodel, metric_writers, metrics, pretrained, train
+from sdm_jax import workdir as workdir_lib
 from experiments import schema
 
 
@@ -119,6 +121,9 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   """Everything that can refuse the run, before anything is written: returns the config to run
   (GABA T resolved), the tasks and the pretrained model (or None)."""
   schema.validate_config(config)
+  workdir_lib.check_writable(workdir)  # a file, read-only: one line now, not a traceback after the data
+  if jax.process_count() == 1:  # (several processes: process 0 learns it in `_hold`, and tells the others)
+    workdir_lib.check_free(workdir)  # another live run holds it: refused at once, before the data is read
   pre = None
   if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
     pre = pretrained.load(config.pretrained, config.get("pretrained_index", 0))
@@ -142,9 +147,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """Runs the class-incremental protocol for every seed (one program) and writes the results.
 
   Everything that can refuse the run does so before anything is written:
-  the config (`validate_config`), the pretrained model, the data (loaded
-  first; `check_against_data`), the workdir (`check_workdir`) and its
-  checkpoints' config. A refused run leaves the workdir byte for byte as it was.
+  the config (`validate_config`), the workdir (a file, read-only, held by
+  another live run: `sdm_jax.workdir`), the pretrained model, the data (loaded
+  first; `check_against_data`), the workdir's results (`check_workdir`), its
+  checkpoints' config and its free space. A refused run leaves the workdir byte
+  for byte as it was. One run at a time holds the workdir (`_hold`).
   """
   start_time = time.time()
   workdir = pathlib.Path(workdir)
@@ -153,7 +160,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   # set XLA's float32 matmul precision for this run (on CPU all are float32).
   precision = config.get("matmul_precision", "default")
   with contextlib.nullcontext() if precision == "default" else jax.default_matmul_precision(precision):
-    return _run(config, workdir, tasks, pre, start_time)
+    with _hold(workdir):
+      return _run(config, workdir, tasks, pre, start_time)
+
+
+@contextlib.contextmanager
+def _hold(workdir: pathlib.Path):
+  """One live run per workdir (`workdir.hold`: a lock that dies with its process). With several
+  processes (jax.distributed) process 0 holds it and tells the others whether it could."""
+  if jax.process_count() == 1:
+    with workdir_lib.hold(workdir):
+      yield
+    return
+  with contextlib.ExitStack() as stack:
+    error = None
+    if jax.process_index() == 0:
+      try:
+        stack.enter_context(workdir_lib.hold(workdir))
+      except workdir_lib.WorkdirError as e:
+        error = e
+    held = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if error is not None:
+      raise error
+    if not held:
+      raise workdir_lib.WorkdirError(f"workdir {workdir} is in use by another run (process 0 could not lock it)")
+    yield
 
 
 def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time: float) -> dict:
@@ -170,7 +201,8 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
     )
   tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
   seeds, values = schema.members(config)  # a population: every combination of values x every seed
-  states = train.init_states(
+  init = functools.partial(
+    train.init_states,
     np.asarray(seeds),
     spec=spec,
     tx=tx,
@@ -178,6 +210,11 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
     num_tasks=tasks.num_tasks,
     hyper=schema.member_hyper(values),
   )
+  # A full disk is refused before anything is built or written: room for the checkpoints kept
+  # plus the one being saved (the state's size from its shapes: nothing is computed).
+  checkpoint_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(init)))
+  workdir_lib.check_writable(workdir, need_bytes=checkpoint_bytes * (config.get("keep_checkpoints", 2) + 1))
+  states = init()
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
     logging.info(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
@@ -362,15 +399,47 @@ def _train(
       final_state.save(workdir / "final_state.npz", final_states, seeds, data=tasks.identity)
   except BaseException as e:
     if status == "running":
-      status, failure = "failed", (str(e) if isinstance(e, FloatingPointError) else f"{type(e).__name__}: {e}")
+      status, failure = "failed", _failure(e, workdir)
     raise
   finally:
-    writer.close()
     results = _results(config, spec, tasks, progress, elapsed_before + time.time() - start, status, failure)
-    if is_main:
-      (workdir / "results.json").write_text(json.dumps(results, indent=2))
+    _write_last(workdir, writer, results if is_main else None, failed=status != "finished")
   _log_final(results, workdir, tasks)
   return results
+
+
+def _failure(e: BaseException, workdir: pathlib.Path) -> str:
+  """results.json's one line for what stopped the run (an OSError names its path and cause)."""
+  if isinstance(e, FloatingPointError):
+    return str(e)
+  if isinstance(e, OSError) and e.strerror:
+    return f"{type(e).__name__}: {e.strerror}: {e.filename or workdir}"
+  return f"{type(e).__name__}: {e}"
+
+
+def _write_results(workdir: pathlib.Path, results: dict) -> None:
+  """results.json, replaced whole or not at all (a full disk leaves the last one, not an empty file)."""
+  part = workdir / "results.json.part"
+  try:
+    part.write_text(json.dumps(results, indent=2))
+    os.replace(part, workdir / "results.json")
+  finally:
+    part.unlink(missing_ok=True)
+
+
+def _write_last(workdir: pathlib.Path, writer, results: dict | None, *, failed: bool) -> None:
+  """Closes the curve writers and writes results.json (None: not this process's to write). When the
+  run has already failed (a full disk, say), an error here is one log line: the first is the cause."""
+  for what, write in (
+    ("metrics.csv and tensorboard/", writer.close),
+    ("results.json", lambda: results and _write_results(workdir, results)),
+  ):
+    try:
+      write()
+    except OSError as e:
+      if not failed:
+        raise
+      logging.error(f"could not write {what} of the failed run in {workdir}: {e}")
 
 
 def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:

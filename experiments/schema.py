@@ -19,7 +19,7 @@ import numpy as np
 
 from sdm_jax import data as data_lib
 from sdm_jax import mesh as mesh_lib
-from sdm_jax import continual, layers, models, optim, regularizers, sparse, train
+from sdm_jax import continual, models, optim, regularizers, sparse, train, validation
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
@@ -44,7 +44,7 @@ MATMUL_PRECISIONS = ("default", "high", "highest")
 
 
 def _fail(field: str, message: str):
-  raise ValueError(f"config.{field}: {message}")
+  validation.fail(f"config.{field}", message)
 
 
 # Integer fields (a float or bool here would fail deep inside JAX, or silently truncate).
@@ -81,16 +81,9 @@ def _validate_values(config: ml_collections.ConfigDict) -> None:
   for field, value in leaves.items():
     if isinstance(value, float) and not math.isfinite(value):
       _fail(field, f"must be a finite number, got {value}")
-    if field in INT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+    if field in INT_FIELDS and not validation.is_int(value):
       _fail(field, f"must be an integer, got {value!r}")
-  seeds = config.seeds
-  if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (tuple, list)):
-    _fail("seeds", f"must be a tuple of integers, e.g. --config.seeds='(0,1,2)', got {seeds!r}")
-  for seed in seeds:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-      _fail("seeds", f"must be integers, got {seed!r} in {tuple(seeds)}")
-    if not 0 <= seed < 2**32:  # numpy's RandomState (the class orders) takes no other
-      _fail("seeds", f"must be in [0, 2**32), got {seed} in {tuple(seeds)}")
+  validation.check_seeds("config.seeds", config.seeds, example="--config.seeds='(0,1,2)'")
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -124,30 +117,13 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
     _fail(
       "model.input_size", f"{m.input_size} does not match {config.dataset} inputs ({DATASETS[config.dataset]} features)"
     )
-  if m.neurons <= 0:
-    _fail("model.neurons", f"must be positive, got {m.neurons}")
-  if m.k_schedule not in models.K_SCHEDULES:
-    _fail("model.k_schedule", f"unknown schedule {m.k_schedule!r}; choose one of {models.K_SCHEDULES}")
-  if m.inhibition not in models.INHIBITIONS:
-    _fail("model.inhibition", f"unknown inhibition {m.inhibition!r}; choose one of {models.INHIBITIONS}")
+  # The rules `continual.fit` applies to its model too (k < neurons, known schedules, ...).
+  validation.check_model(m, "config.model.", uses_topk=m.kind not in ("relu", "flymodel") and m.k_schedule != "none")
   if m.kind == "flymodel":
     if not 1 <= m.get("n_response", 0) <= m.input_size:
       _fail("model.n_response", f"inputs per Kenyon cell must be in [1, {m.input_size}], got {m.get('n_response')}")
     if m.neurons < 100:
       _fail("model.neurons", f"the FlyModel keeps the top 1% of Kenyon cells: needs >= 100, got {m.neurons}")
-  elif m.kind != "relu" and m.k_schedule != "none":
-    if not 1 <= m.k < m.neurons:
-      _fail("model.k", f"k must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
-    if m.k_max < 0:
-      _fail("model.k_max", f"must be >= 0 (0: neurons), got {m.k_max}")
-    if m.k_max and m.k_max < m.k:
-      _fail("model.k_max", f"k_target (model.k = {m.k}) > k_max ({m.k_max})")
-    if m.k_max and m.k_max > m.neurons:
-      _fail("model.k_max", f"k_max ({m.k_max}) > neurons ({m.neurons})")
-    if m.k_schedule == "gaba" and m.gaba_switch_activations <= 0:
-      _fail("model.gaba_switch_activations", f"must be positive, got {m.gaba_switch_activations}")
-    if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
-      _fail("model.k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
   if m.get("gaba_switch_epochs", 0.0) < 0:
     _fail(
       "model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}"
@@ -158,17 +134,12 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
       f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
       f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}",
     )
-  if not 0.0 <= m.dropout < 1.0:
-    _fail("model.dropout", f"must be in [0, 1), got {m.dropout}")
-  if m.threshold_method not in layers.THRESHOLD_METHODS:
-    _fail("model.threshold_method", f"unknown method {m.threshold_method!r}")
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
   if o.name not in optim.OPTIMIZERS:
     _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optim.OPTIMIZERS}")
-  if not o.learning_rate > 0:
-    _fail("optimizer.learning_rate", f"must be > 0, got {o.learning_rate}")
+  validation.check_number("config.optimizer.learning_rate", o.learning_rate, low=0.0, low_open=True)
   if o.clip_norm < 0:
     _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
   if not 0.0 <= o.momentum < 1.0:
@@ -179,20 +150,7 @@ def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
 
 def _validate_regularizer(r: ml_collections.ConfigDict | None) -> None:
   if r is not None:
-    if r.method not in ("none",) + regularizers.METHODS:
-      _fail("regularizer.method", f"unknown regularizer {r.method!r}; choose one of {('none',) + regularizers.METHODS}")
-    if not 0.0 < r.decay <= 1.0:
-      _fail("regularizer.decay", f"must be in (0, 1], got {r.decay}")
-    if r.method != "none" and not r.strength > 0:
-      _fail("regularizer.strength", f"must be > 0 with regularizer {r.method!r}, got {r.strength}")
-    if not r.beta > 0:
-      _fail("regularizer.beta", f"must be > 0, got {r.beta}")
-    if r.fisher not in regularizers.FISHER_ESTIMATORS:
-      _fail("regularizer.fisher", f"must be one of {regularizers.FISHER_ESTIMATORS}, got {r.fisher!r}")
-    if r.fisher_labels not in regularizers.FISHER_LABELS:
-      _fail("regularizer.fisher_labels", f"must be one of {regularizers.FISHER_LABELS}, got {r.fisher_labels!r}")
-    if r.si_variant not in regularizers.SI_VARIANTS:
-      _fail("regularizer.si_variant", f"must be one of {regularizers.SI_VARIANTS}, got {r.si_variant!r}")
+    validation.check_regularizer(r, "config.regularizer.")
 
 
 def _validate_run(config: ml_collections.ConfigDict) -> None:
@@ -206,26 +164,19 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("matmul_precision", f"must be one of {MATMUL_PRECISIONS}, got {config.matmul_precision!r}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
-  if config.epochs_per_task <= 0:
-    _fail("epochs_per_task", f"must be positive, got {config.epochs_per_task}")
-  if config.eval_every <= 0 or config.epochs_per_task % config.eval_every:
-    _fail(
-      "eval_every", f"must be a positive divisor of epochs_per_task ({config.epochs_per_task}), got {config.eval_every}"
-    )
+  # The rules `continual.fit` applies to its arguments too (seeds: `_validate_values`).
+  validation.check_schedule("config.", config.epochs_per_task, config.eval_every, config.batch_size)
   if not 0.0 <= config.get("validation_fraction", 0.0) <= 0.5:
     _fail("validation_fraction", f"must be in [0, 0.5], got {config.validation_fraction}")
-  if config.batch_size <= 0:
-    _fail("batch_size", f"must be positive, got {config.batch_size}")
-  if not config.seeds:
-    _fail("seeds", "needs at least one seed")
-  if len(set(config.seeds)) != len(config.seeds):
-    _fail("seeds", f"seeds must be distinct, got {tuple(config.seeds)}")
   if config.class_order not in CLASS_ORDERS:
     _fail("class_order", f"must be one of {CLASS_ORDERS}, got {config.class_order!r}")
-  if config.classes_per_task < 1 or config.num_classes < config.classes_per_task:
-    _fail("classes_per_task", f"must be in [1, num_classes = {config.num_classes}], got {config.classes_per_task}")
-  if config.num_classes % config.classes_per_task:
-    _fail("classes_per_task", f"{config.classes_per_task} does not divide num_classes {config.num_classes}")
+  validation.check_int("config.num_classes", config.num_classes)
+  validation.check_classes_per_task("config.classes_per_task", config.classes_per_task, config.num_classes)
+  # Before anything is built: 10**12 epochs per task would wrap the int32 epoch counter (steps: once
+  # the data is known, `check_against_data`).
+  validation.check_counters(
+    "config.epochs_per_task", config.epochs_per_task, config.num_classes // config.classes_per_task
+  )
   if config.num_classes != m.num_classes:
     _fail("model.num_classes", f"{m.num_classes} != num_classes {config.num_classes}")
   mesh = mesh_of(config)  # raises naming config.mesh.seed / config.mesh.data
@@ -428,6 +379,14 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
       f"{config.model.input_size} does not match the {features} features of "
       f"{config.dataset} ({dataset.get('source', config.data_dir)})",
     )
+  # Every class of 0..num_classes-1 has training examples and no label lies outside (else a task
+  # would train on nothing, or examples would be dropped): what `continual.fit` checks of y.
+  where = f"the training data of {config.dataset} ({dataset.get('source', config.data_dir)})"
+  validation.check_classes("config.num_classes", np.asarray(dataset["train_labels"]), config.num_classes, where=where)
+  where = f"the {'validation' if config.get('validation_fraction', 0.0) > 0 else 'test'} data of {config.dataset}"
+  validation.check_classes(
+    "config.num_classes", np.asarray(dataset["test_labels"]), config.num_classes, where=where, every_class=False
+  )
   ordinal = lambda s: config.class_order == "ordinal" or (config.class_order == "reference" and s == 0)
   orders = [data_lib.class_order(None if ordinal(s) else s, config.num_classes) for s in config.seeds]
   # A population's models are its grid points times the seeds, seeds innermost (`members`): one data
@@ -441,16 +400,15 @@ def check_against_data(config: ml_collections.ConfigDict, tasks: continual.Tasks
   """What validation needs the data for; returns the config to run, with GABA T resolved.
 
   Raises ValueError naming the field if `batch_size` exceeds the smallest
-  task (`continual.check_batch_size`). With `model.gaba_switch_epochs = E > 0`,
+  task (`continual.check_batch_size`) or the run's optimiser steps exceed the
+  int32 step counter (`continual.check_counters`). With `model.gaba_switch_epochs = E > 0`,
   returns a copy whose `model.gaba_switch_activations` is
   `continual.gaba_switch_activations(tasks, E)` (the quick schedule's T = 500K
   is E = 39.5 on Split MNIST).
   """
   if config.model.kind != "flymodel":  # (one pass, no batches)
-    try:
-      continual.check_batch_size(tasks, config.batch_size)
-    except ValueError as e:
-      _fail("batch_size", str(e))
+    continual.check_batch_size(tasks, config.batch_size, name="config.batch_size")
+    continual.check_counters(tasks, schedule_of(config), name="config.epochs_per_task")
   epochs = float(config.model.get("gaba_switch_epochs", 0.0))
   if epochs <= 0:
     return config

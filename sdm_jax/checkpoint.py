@@ -29,8 +29,16 @@ the next block, so an asynchronous save could read freed memory.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
+import gc
+import inspect
+import logging as py_logging
+import os
 import pathlib
+import shutil
+import sys
 from typing import Any, Iterator, NamedTuple
 
 from absl import logging
@@ -53,6 +61,74 @@ def _quiet() -> Iterator[None]:
     logging.set_verbosity(verbosity)
 
 
+def _is_orphaned_read(unraisable) -> bool:
+  """What orbax leaves behind when one array of a checkpoint cannot be read: its other reads finish
+  on an event loop already closed, or are dropped unawaited."""
+  e = unraisable.exc_value
+  return (
+    (isinstance(e, RuntimeError) and "Event loop is closed" in str(e))
+    or isinstance(e, asyncio.CancelledError)
+    or inspect.iscoroutine(unraisable.object)
+  )
+
+
+@contextlib.contextmanager
+def _no_orphaned_reads() -> Iterator[None]:
+  """Keeps orbax's orphaned reads of a damaged checkpoint (one traceback each, ~20 for a small
+  state: "RuntimeError: Event loop is closed", "Exception ignored in coroutine") out of the log;
+  `restore_latest` reports the checkpoint in one line. Any other unraisable error still prints."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _is_orphaned_read(unraisable):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    gc.collect()  # coroutines dropped unawaited are reported when collected: here, not later
+    sys.unraisablehook = previous
+
+
+class _HoldErrors(py_logging.Filter):
+  """Holds back ERROR log records (see `_errors_summarised`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.records = []
+
+  def filter(self, record):
+    if record.levelno >= py_logging.ERROR:
+      self.records.append(record)
+      return False
+    return True
+
+
+@contextlib.contextmanager
+def _errors_summarised() -> Iterator[None]:
+  """A save that fails on the disk (full, say) has orbax log a traceback per array and thread, and
+  asyncio one per orphaned write task ("Task exception was never retrieved"): 130 lines for a
+  small state. Inside, ERROR records are held back; if the block raises they are dropped (its
+  exception, which `save` makes one line, is the report), else they are logged as they came."""
+  held, handlers = _HoldErrors(), list(py_logging.getLogger().handlers)
+  for handler in handlers:
+    handler.addFilter(held)
+  failed = False
+  try:
+    yield
+  except BaseException:
+    failed = True
+    gc.collect()  # the orphaned write tasks report when collected: here, while held back
+    raise
+  finally:
+    for handler in handlers:
+      handler.removeFilter(held)
+    if not failed:
+      for record in held.records:
+        py_logging.getLogger(record.name).handle(record)
+
+
 def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2, create: bool = True) -> ocp.CheckpointManager:
   """A CheckpointManager over `workdir/checkpoints`, synchronous, keeping the last `max_to_keep`.
 
@@ -65,15 +141,26 @@ def manager(workdir: str | pathlib.Path, *, max_to_keep: int = 2, create: bool =
 
 
 def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: dict) -> None:
-  with _quiet():
-    mgr.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(states), progress=ocp.args.JsonSave(progress), config=ocp.args.JsonSave(config)
-      ),
-      force=True,
-    )
-    mgr.wait_until_finished()
+  """Saves checkpoint `step`. A save that fails on the disk (full, say) raises OSError naming the
+  checkpoint's folder and the cause, and removes what it had half written (orbax's temporary
+  folder: it is never read, and on a full disk its space is what results.json needs)."""
+  try:
+    with _quiet(), _errors_summarised():
+      mgr.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(states), progress=ocp.args.JsonSave(progress), config=ocp.args.JsonSave(config)
+        ),
+        force=True,
+      )
+      mgr.wait_until_finished()
+  except (OSError, ValueError) as e:  # TensorStore reports a failed write as ValueError
+    if not isinstance(e, OSError) and "No space left on device" not in str(e):
+      raise
+    for partial in pathlib.Path(mgr.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+      shutil.rmtree(partial, ignore_errors=True)
+    code = e.errno if isinstance(e, OSError) else errno.ENOSPC
+    raise OSError(code, os.strerror(code) if code else str(e), str(pathlib.Path(mgr.directory) / str(step))) from e
 
 
 # Fields added after runs were saved without them: a saved config that lacks one is read as
@@ -125,7 +212,7 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_states, config: dict) ->
   checkpoint was saved with a different config (naming the fields), or if
   checkpoints exist but none can be read (naming each).
   """
-  with _quiet():
+  with _quiet(), _no_orphaned_reads():
     return _restore_latest(mgr, abstract_states, config)
 
 

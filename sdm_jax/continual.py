@@ -22,6 +22,7 @@ Synopsis::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,7 +35,8 @@ import numpy as np
 import optax
 
 from sdm_jax import data as data_lib
-from sdm_jax import layers, metric_writers, metrics, models, optim, regularizers, sparse, train
+from sdm_jax import layers, metric_writers, metrics, models, optim, regularizers, sparse, train, validation
+from sdm_jax import workdir as workdir_lib
 
 # The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
 CURVE_FIELDS = (
@@ -171,15 +173,17 @@ def task_sizes(tasks: Tasks) -> np.ndarray:
   return np.asarray(tasks.train_sizes).reshape(-1, tasks.num_tasks)
 
 
-def check_batch_size(tasks: Tasks, batch_size: int) -> None:
-  """Raises ValueError if a batch is larger than the smallest task (it would only pad; a huge one
-  can exhaust memory)."""
-  sizes = task_sizes(tasks)
-  if batch_size > sizes.min():
-    raise ValueError(
-      f"{batch_size} is larger than the smallest task, which has {sizes.min()} training examples "
-      f"(task sizes: {sorted(set(sizes.ravel().tolist()))}); use at most {sizes.min()}"
-    )
+def check_batch_size(tasks: Tasks, batch_size: int, name: str = "batch_size") -> None:
+  """Raises ValueError("<name>: ...") if a batch is larger than the smallest task (it would only
+  pad; a huge one can exhaust memory)."""
+  validation.check_batch_size(name, batch_size, task_sizes(tasks))
+
+
+def check_counters(tasks: Tasks, schedule: "Schedule", name: str = "epochs_per_task") -> None:
+  """Raises ValueError("<name>: ...") if the run's epochs or optimiser steps would overflow the
+  state's int32 counters (`validation.check_counters`)."""
+  steps_per_epoch = np.ceil(task_sizes(tasks) / schedule.batch_size).max(axis=0).astype(np.int64)
+  validation.check_counters(name, schedule.epochs_per_task, tasks.num_tasks, steps_per_epoch.tolist())
 
 
 def gaba_switch_activations(tasks: Tasks, epochs: float) -> float:
@@ -410,7 +414,8 @@ def run(
   num_tasks, per_task = tasks.num_tasks, schedule.blocks_per_task
   real = lambda tree: jax.tree.map(lambda a: a[: len(seeds)], tree)
   steps = schedule.steps_per_block(tasks)
-  for task, block in [divmod(b, per_task) for b in range(progress.blocks_done, per_task * num_tasks)]:
+  for b in range(progress.blocks_done, per_task * num_tasks):  # (a range: nothing per block up front)
+    task, block = divmod(b, per_task)
     train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
     states, epoch_metrics, ran_sparse, sparse_schedule = train.run_block_scheduled(
       states,
@@ -518,16 +523,68 @@ def population_summary(per_seed: Sequence[dict], fields: Sequence[str]) -> list[
   ]
 
 
-def _model_spec(model, input_size: int, num_classes: int, neurons: int, k: int, gaba_t: float):
+FIT_MODELS = ("sdmlp", "relu", "topk")
+
+
+def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.ModelSpec:
+  """The model `fit` trains, its fields checked (`validation.check_model`; named as `fit`'s
+  arguments, or model.<field> for a ModelSpec); SDMLP's GABA T is set once the tasks are known."""
   if isinstance(model, models.ModelSpec):
+    validation.check_model(model, "model.", uses_topk=model.uses_topk)
+    if model.input_size != input_size:
+      validation.fail("model", f"input_size {model.input_size} does not match the {input_size} features of x")
+    if model.num_classes != num_classes:
+      validation.fail("model", f"num_classes {model.num_classes} does not match the {num_classes} classes of y")
     return model
-  if model == "sdmlp":
-    return models.sdmlp(input_size, neurons, num_classes, k=k, gaba_switch_activations=gaba_t)
-  if model == "relu":
-    return models.relu_mlp(input_size, neurons, num_classes)
-  if model == "topk":
-    return models.topk_mlp(input_size, neurons, num_classes, k=k)
-  raise ValueError(f"model must be a models.ModelSpec or one of 'sdmlp', 'relu', 'topk', got {model!r}")
+  if model not in FIT_MODELS:
+    validation.fail("model", f"must be a models.ModelSpec or one of {FIT_MODELS}, got {model!r}")
+  validation.check_int("neurons", neurons)
+  make = dict(sdmlp=models.sdmlp, relu=models.relu_mlp, topk=models.topk_mlp)[model]
+  spec = make(input_size, neurons, num_classes) if model == "relu" else make(input_size, neurons, num_classes, k=k)
+  validation.check_model(spec, uses_topk=spec.uses_topk)
+  return spec
+
+
+def _fit_arrays(x, y, test_x, test_y, class_order) -> tuple[dict, list[int]]:
+  """The dataset `fit` splits into tasks, and its class order, checked (`validation`)."""
+  x = validation.check_features("x", x)
+  y = validation.check_labels("y", y, len(x), "x")
+  if (test_x is None) != (test_y is None):
+    given, other = ("test_x", "test_y") if test_y is None else ("test_y", "test_x")
+    validation.fail(given, f"given without {other}: pass both (the test split), or neither (evaluate on x, y)")
+  num_classes = int(y.max()) + 1
+  validation.check_classes(
+    "y",
+    y,
+    num_classes,
+    where="y",
+    note=f" (labels must be 0..C-1, every class with examples; C = {num_classes} from label "
+    f"{num_classes - 1}, example {int(np.argmax(y))})",
+  )
+  if test_x is None:
+    test_x, test_y = x, y
+  else:
+    test_x = validation.check_features("test_x", test_x, like=x)
+    test_y = validation.check_labels("test_y", test_y, len(test_x), "test_x")
+    validation.check_classes("test_y", test_y, num_classes, where="the test split", every_class=False)
+  order = list(range(num_classes)) if class_order is None else class_order
+  order = validation.check_class_order("class_order", order, num_classes)
+  dataset = dict(train_images=x, train_labels=y, test_images=test_x, test_labels=test_y, source="arrays")
+  return dataset, order
+
+
+def _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer) -> None:
+  if optimizer not in optim.OPTIMIZERS:
+    validation.fail("optimizer", f"must be one of {optim.OPTIMIZERS}, got {optimizer!r}")
+  validation.check_number("learning_rate", learning_rate, low=0.0, low_open=True)
+  if clip_norm is not None:
+    validation.check_number("clip_norm", clip_norm, low=0.0)
+  if gaba_switch_epochs is not None:
+    validation.check_number("gaba_switch_epochs", gaba_switch_epochs, low=0.0, low_open=True)
+  if regularizer is not None:
+    if not isinstance(regularizer, regularizers.RegularizerSpec):
+      validation.fail("regularizer", f"must be a regularizers.RegularizerSpec or None, got {regularizer!r}")
+    validation.check_regularizer(regularizer, "regularizer.", allow_none=False)
 
 
 def fit(
@@ -564,33 +621,51 @@ def fit(
   (`optim.for_model`); `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
   Seeds are one compiled program. `workdir`: also write results.json, metrics.csv and TensorBoard
   event files there, as a configured run does (for checkpoints and resuming, save the arrays with
-  `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`).
+  `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`); one run
+  at a time per workdir (`workdir.hold`).
+
+  Every argument is checked first, with the config schema's rules (`sdm_jax.validation`): x and
+  test_x finite numbers of one feature shape; y and test_y integer labels, one per example, y
+  holding every class of 0..C-1 and test_y no other; test_x with test_y; class_order each class
+  once; classes_per_task dividing C; 1 <= k < neurons; positive counts, eval_every dividing
+  epochs_per_task, batch_size at most the smallest task, a run within the int32 epoch and step
+  counters; distinct integer seeds; a writable workdir no other run holds. A bad one raises
+  ValueError naming the argument (and the example), before anything is compiled or written.
   """
-  x, y = np.asarray(x), np.asarray(y)
-  if x.shape[0] != y.shape[0] or y.ndim != 1:
-    raise ValueError(f"x and y must hold the same examples, y one label each: x {x.shape}, y {y.shape}")
-  test_x, test_y = (x, y) if test_x is None else (np.asarray(test_x), np.asarray(test_y))
-  num_classes = int(max(y.max(), test_y.max())) + 1
-  order = list(range(num_classes)) if class_order is None else list(class_order)
-  dataset = dict(train_images=x, train_labels=y, test_images=test_x, test_labels=test_y, source="arrays")
+  dataset, order = _fit_arrays(x, y, test_x, test_y, class_order)
+  validation.check_classes_per_task("classes_per_task", classes_per_task, len(order))
+  eval_every = epochs_per_task if eval_every is None else eval_every
+  validation.check_schedule("", epochs_per_task, eval_every, batch_size)
+  seeds = list(validation.check_seeds("seeds", seeds))
+  features = int(np.prod(dataset["train_images"].shape[1:]))
+  spec = _model_spec(model, features, len(order), neurons, k)
+  _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer)
+  if workdir is not None:
+    workdir_lib.check_writable(workdir)
+    workdir_lib.check_free(workdir)
   tasks = split_tasks(dataset, [order] * len(seeds), classes_per_task, seed_axis=False)
-  schedule = Schedule(epochs_per_task, eval_every or epochs_per_task, batch_size)
-  try:
-    check_batch_size(tasks, batch_size)
-  except ValueError as e:
-    raise ValueError(f"batch_size {e}") from None
-  switch = GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
-  spec = _model_spec(model, int(np.prod(x.shape[1:])), num_classes, neurons, k, gaba_switch_activations(tasks, switch))
+  schedule = Schedule(epochs_per_task, eval_every, batch_size)
+  check_batch_size(tasks, batch_size)
+  check_counters(tasks, schedule)
+  if not isinstance(model, models.ModelSpec) and spec.k_schedule == "gaba":
+    switch = GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
+    spec = dataclasses.replace(spec, gaba_switch_activations=gaba_switch_activations(tasks, switch))
+  with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
+    return _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir)
+
+
+def _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir) -> dict:
+  """`fit` once its arguments are checked: build, train, summarise (and write, given a workdir)."""
   tx = optim.for_model(spec, optimizer, learning_rate, clip_norm=clip_norm)
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
   engine = make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
   progress = Progress.start(len(seeds), tasks.num_tasks)
   writer, curves = curve_writers(workdir, tasks.num_tasks), []
-  for states, block in run(engine, states, tasks, schedule, list(seeds), progress):
+  for states, block in run(engine, states, tasks, schedule, seeds, progress):
     writer.write_rows(block.rows)
     curves += block.rows
   writer.close()
-  results = summarize(progress, tasks, list(seeds), schedule.blocks_per_task)
+  results = summarize(progress, tasks, seeds, schedule.blocks_per_task)
   if workdir is not None:
     (pathlib.Path(workdir) / "results.json").write_text(json.dumps(results, indent=2))
   return dict(results, curves=curves)

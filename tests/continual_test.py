@@ -2,14 +2,18 @@
 
 import contextlib
 import io
+import os
 import pathlib
 import re
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import continual, data, metric_writers, models
+from sdm_jax import continual, data, metric_writers, models, optim, regularizers, train
+from sdm_jax import workdir as workdir_lib
 from experiments import driver, schema
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -107,6 +111,134 @@ def test_a_population_shares_one_data_row_per_seed():
   assert continual.split_tasks(dataset, [[0, 1, 2, 3]], 2, seed_axis=False, repeats=3).repeats == 1
 
 
-def test_fit_refuses_a_batch_larger_than_a_task():
-  with pytest.raises(ValueError, match="batch_size 64 is larger than the smallest task"):
-    continual.fit(np.zeros((40, 3)), np.repeat(np.arange(4), 10), batch_size=64)
+def _small(**changes):
+  """fit's arguments on 40 examples of 3 features, 4 classes (2 tasks), with `changes`."""
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=(40, 3)), np.repeat(np.arange(4), 10)
+  args = dict(x=x, y=y, neurons=20, k=5, epochs_per_task=2, batch_size=8)
+  for name, change in changes.items():
+    args[name] = change(args) if callable(change) else change
+  return args
+
+
+def _with(name, index, value):
+  """A copy of args[name] with element `index` set to `value`."""
+
+  def change(args):
+    a = np.array(args[name], dtype=np.result_type(args[name], np.asarray(value)))
+    a[index] = value
+    return a
+
+  return change
+
+
+# One case per way the issue found `fit` training on wrong input or failing late: the changed
+# arguments, and the start of the message (the argument's name, then what is wrong with it).
+FIT_REFUSALS = {
+  "k above neurons": (dict(neurons=20, k=30), r"k: must satisfy 1 <= k < neurons \(20\), got 30"),
+  "a label of -1": (dict(y=_with("y", 5, -1)), r"y: labels must be in 0\.\.C-1, got -1 at example 5"),
+  "class_order invents a class": (dict(class_order=(0, 1, 2, 5)), r"class_order: 5 is not a class of the training"),
+  "class_order drops a class": (dict(class_order=(0, 1, 3)), r"class_order: leaves out class 2 of"),
+  "class_order covers some classes": (dict(class_order=(0, 1)), r"class_order: leaves out classes 2, 3 of"),
+  "class_order repeats a class": (dict(class_order=(0, 1, 1, 2)), r"class_order: names class 1 twice"),
+  "nan in test_x": (
+    dict(test_x=_with("x", (7, 1), np.nan), test_y=lambda a: a["y"]),
+    r"test_x: must be finite: example 7 holds nan",
+  ),
+  "inf in x": (dict(x=_with("x", (3, 0), np.inf)), r"x: must be finite: example 3 holds inf"),
+  "nan in x": (dict(x=_with("x", (12, 2), np.nan)), r"x: must be finite: example 12 holds nan"),
+  "duplicate seeds": (dict(seeds=(1, 1)), r"seeds: must be distinct, got \(1, 1\)"),
+  "seeds=3": (dict(seeds=3), r"seeds: must be a tuple of integers"),
+  "test_y without test_x": (dict(test_y=lambda a: a["y"]), r"test_y: given without test_x"),
+  "test_x without test_y": (dict(test_x=lambda a: a["x"]), r"test_x: given without test_y"),
+  "non-integer labels": (dict(y=lambda a: a["y"] + 0.5), r"y: labels must be integers, got 0\.5 at example 0"),
+  "empty arrays": (dict(x=np.zeros((0, 3)), y=np.zeros(0, int)), r"x: holds no examples"),
+  "string labels": (dict(y=lambda a: a["y"].astype(str)), r"y: labels must be integers, got dtype <U"),
+  "object x": (dict(x=lambda a: a["x"].astype(object)), r"x: must be a numeric array .* dtype object"),
+  "test_x with other features": (
+    dict(test_x=lambda a: a["x"][:, :2], test_y=lambda a: a["y"]),
+    r"test_x: examples of shape \(2,\) do not match x's \(3,\)",
+  ),
+  "pixels in test, features in train": (
+    dict(test_x=lambda a: a["x"].astype(np.uint8), test_y=lambda a: a["y"]),
+    r"test_x: is uint8 but x is float64",
+  ),
+  "a test label no training example has": (
+    dict(test_x=lambda a: a["x"], test_y=_with("y", 4, 9)),
+    r"test_y: the test split holds label 9 \(example 4\), not a class of 0\.\.3",
+  ),
+  "epochs_per_task=0": (dict(epochs_per_task=0), r"epochs_per_task: must be positive, got 0"),
+  "eval_every not a divisor": (dict(epochs_per_task=4, eval_every=3), r"eval_every: must be a positive divisor"),
+  "a label beyond the classes": (
+    dict(y=_with("y", 0, 11)),
+    r"y: classes 4, 5, 6, 7, 8, \.\.\. \(7 in all\) of 0\.\.11",
+  ),
+  "one label of 999999": (dict(y=_with("y", 9, 999999)), r"y: classes 4, 5, .* \(999995 in all\) .* example 9\)"),
+  "a single class": (dict(y=np.zeros(40, int)), r"classes_per_task: must be in \[1, num_classes = 1\], got 2"),
+  "labels not one per example": (dict(y=lambda a: a["y"][:, None]), r"y: must hold one label per example"),
+  "batch larger than a task": (dict(batch_size=64), r"batch_size: 64 is larger than the smallest task, which has 20"),
+  "batch_size a float": (dict(batch_size=8.0), r"batch_size: must be an integer, got 8\.0"),
+  "10**12 epochs per task": (
+    dict(epochs_per_task=10**12),
+    r"epochs_per_task: .* beyond the range of the epoch counter",
+  ),
+  "unknown model": (dict(model="mlp"), r"model: must be a models\.ModelSpec or one of"),
+  "a ModelSpec for other inputs": (dict(model=models.sdmlp(784, 20, 4)), r"model: input_size 784 does not match the 3"),
+  "a ModelSpec with k above neurons": (dict(model=models.sdmlp(3, 20, 4, k=20)), r"model\.k: must satisfy"),
+  "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be one of"),
+  "learning_rate 0": (dict(learning_rate=0.0), r"learning_rate: must be > 0, got 0\.0"),
+  "a regulariser of strength 0": (
+    dict(regularizer=regularizers.RegularizerSpec("ewc", 0.0)),
+    r"regularizer\.strength: must be > 0",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", FIT_REFUSALS, ids=list(FIT_REFUSALS))
+def test_fit_refuses_bad_input_naming_the_argument_before_anything_is_compiled_or_written(case, tmp_path):
+  changes, match = FIT_REFUSALS[case]
+  args = _small(**changes)
+  start = time.perf_counter()
+  with pytest.raises(ValueError, match="^" + match):
+    continual.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
+  assert time.perf_counter() - start < 1.0
+  assert not (tmp_path / "run").exists()
+
+
+def test_fit_refuses_a_workdir_it_cannot_use(tmp_path):
+  args = _small()
+  file = tmp_path / "file"
+  file.write_text("x")
+  with pytest.raises(ValueError, match=f"^workdir {file} is a file, not a directory"):
+    continual.fit(args.pop("x"), args.pop("y"), workdir=file, **args)
+  args = _small()
+  with workdir_lib.hold(tmp_path / "run"):  # another run on it
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=f"^workdir {tmp_path / 'run'} is in use by another run \\(pid {os.getpid()}"):
+      continual.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
+    assert time.perf_counter() - start < 1.0
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["run.lock"]  # (the holder's)
+
+
+@pytest.mark.slow
+def test_the_block_schedule_is_produced_as_it_is_consumed():
+  """Issue 29: `run` built its list of (task, block) up front, so 10**12 epochs per task grew the
+  process to 22 GB before training. Now a run of 2**31 - 1 epochs allocates nothing per block."""
+  x = np.repeat(np.eye(2), 4, axis=0).astype(np.float32)
+  y = np.repeat(np.arange(2), 4)
+  tasks = continual.split_tasks(dict(train_images=x, train_labels=y, test_images=x, test_labels=y), [[0, 1]], 2)
+  spec = models.relu_mlp(2, 4, 2)
+  schedule = continual.Schedule(epochs_per_task=2**31 - 1, eval_every=1, batch_size=8)
+  continual.check_counters(tasks, schedule)  # (one task, one step per epoch: within the counters)
+  tx = optim.for_model(spec, "sgd", 0.1)
+  states = train.init_states(np.arange(1), spec=spec, tx=tx, num_tasks=1)
+  engine = continual.make_engine(spec, tx, schedule, seed_axis=False)
+  progress = continual.Progress.start(1, 1)
+  blocks = continual.run(engine, states, tasks, schedule, [0], progress)
+  next(blocks)  # (compiles)
+  tracemalloc.start()
+  for _ in range(2):
+    next(blocks)
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  assert progress.blocks_done == 3 and peak < 2**20  # (the list was 2**31 tuples: > 100 GB)

@@ -1,14 +1,20 @@
 """End-to-end tests of experiments/driver.py: refused runs write nothing, outputs, non-finite stop, resume."""
 
+import errno
 import json
+import os
 import pathlib
 import shutil
+import tempfile
+import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from experiments.configs import split_mnist
 from sdm_jax import final_state, metric_writers
+from sdm_jax import workdir as workdir_lib
 from experiments import driver, schema
 from sdm_jax.data import embeddings
 
@@ -55,6 +61,7 @@ def _tiny(variant="sdmlp", **overrides):
     ("class_order", "random", "config.class_order"),
     ("train_step", "sparse", "config.train_step"),
     ("matmul_precision", "tf32", "config.matmul_precision"),
+    ("epochs_per_task", 10**12, "config.epochs_per_task: 1000000000000 epochs per task x 5 tasks"),
   ],
 )
 def test_bad_configs_name_the_field(field, value, match, tmp_path):
@@ -411,3 +418,102 @@ def test_a_validation_run_evaluates_on_held_out_training_data_and_says_so(tmp_pa
   assert results["evaluated_on"] == "validation"
   plain = json.loads((tmp_path / "run" / "config.json").read_text())
   assert plain["validation_fraction"] == 0.1
+
+
+# ------------------------------------------------------------------ issue 29: counts, data, workdir faults
+
+
+def _refused(config, workdir, match, seconds, error=ValueError):
+  """Runs `config` into `workdir`, expecting a refusal matching `match` within `seconds`; returns it."""
+  start = time.perf_counter()
+  with pytest.raises(error, match=match) as refused:
+    driver.train_and_evaluate(config, workdir)
+  assert time.perf_counter() - start < seconds
+  return refused.value
+
+
+def test_a_count_beyond_the_step_counter_is_refused_once_the_data_is_known(tmp_path):
+  """10**7 epochs per task pass the epoch counter (5 * 10**7 < 2**31) but not the step counter:
+  about 95 steps per epoch of each MNIST task at batch size 128."""
+  match = r"^config\.epochs_per_task: 10000000 epochs per task x \d+ steps per epoch .* step counter \(int32"
+  _refused(_tiny(epochs_per_task=10**7), tmp_path / "run", match, seconds=10)
+  assert not (tmp_path / "run").exists()
+
+
+def test_num_classes_beyond_the_data_blames_num_classes_not_batch_size(tmp_path):
+  config = _tiny(num_classes=12, **{"model.num_classes": 12})
+  match = r"^config\.num_classes: classes 10, 11 of 0\.\.11 have no examples in the training data of mnist"
+  _refused(config, tmp_path / "run", match, seconds=10)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_data_dir_that_is_a_file_is_reported_as_a_file(tmp_path):
+  file = tmp_path / "train-images-idx3-ubyte.gz"
+  file.write_bytes(b"not a folder")
+  _refused(_tiny(data_dir=str(file)), tmp_path / "run", rf"{file} \(data_dir\): a file, not a folder", seconds=10)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_tfds_download_that_cannot_reach_its_server_fails_within_seconds_saying_so(tmp_path, monkeypatch):
+  """Offline, TFDS retried for minutes (still running after 120 s). The server here is a name
+  that never resolves (RFC 2606), online or not."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  monkeypatch.setattr(tfds.builder_cls("mnist"), "URL", "https://sdm-jax-test.invalid/mnist/")
+  config = _tiny(data_source="tfds", data_dir=str(tmp_path / "tfds"))
+  match = r"Cannot download dataset 'mnist' .* its server https://sdm-jax-test\.invalid/mnist/ does not answer"
+  _refused(config, tmp_path / "run", match, seconds=30)
+  assert not (tmp_path / "run").exists() and not (tmp_path / "tfds").exists()
+
+
+def test_a_workdir_that_is_a_file_or_read_only_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
+  file = tmp_path / "file"
+  file.write_text("x")
+  _refused(_tiny(), file, rf"^workdir {file} is a file, not a directory$", seconds=5)
+  assert file.read_text() == "x"
+
+  def read_only(*args, **kwargs):  # what a read-only mount answers (root writes through modes)
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+  monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+  match = rf"^workdir {tmp_path}/run cannot be written: Read-only file system \({tmp_path}\)$"
+  _refused(_tiny(), tmp_path / "run", match, seconds=5)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_training(tmp_path, monkeypatch):
+  usage = shutil.disk_usage(tmp_path)
+  monkeypatch.setattr(workdir_lib.shutil, "disk_usage", lambda path: usage._replace(free=100 * 2**10))
+  _refused(_tiny(), tmp_path / "run", r"^workdir .*/run: its disk has 0\.1 MiB free, the run needs about", seconds=30)
+  assert list(tmp_path.iterdir()) == []  # the lock taken for the check is gone, and the folder it made
+
+
+def test_a_workdir_another_run_holds_is_refused_at_once_naming_it_and_the_holder(tmp_path):
+  with workdir_lib.hold(tmp_path / "run"):
+    match = rf"^workdir {tmp_path / 'run'} is in use by another run \(pid {os.getpid()} on "
+    _refused(_tiny(), tmp_path / "run", match, seconds=5)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["run.lock"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_fails_in_one_line_and_results_say_failed(tmp_path, monkeypatch, caplog):
+  """The disk fills at the third checkpoint: the run stops with one OSError naming the checkpoint
+  and the cause, results.json says "failed" with it, and the log holds no orbax traceback."""
+  saves = []
+  real_save = ocp.CheckpointManager.save
+
+  def fills_up(self, step, *args, **kwargs):
+    saves.append(step)
+    if len(saves) == 3:
+      (pathlib.Path(self.directory) / f"{step}.orbax-checkpoint-tmp-1").mkdir()
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", fills_up)
+  caplog.clear()
+  with pytest.raises(OSError, match=r"No space left on device: .*/run/checkpoints/3"):
+    driver.train_and_evaluate(_tiny("relu", **{"model.neurons": 32}), tmp_path / "run")
+  saved = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert saved["status"] == "failed"
+  assert saved["failure"] == f"OSError: No space left on device: {tmp_path / 'run' / 'checkpoints' / '3'}"
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["1", "2"]
+  assert "Traceback" not in caplog.text and not (tmp_path / "run" / "run.lock").exists()

@@ -26,6 +26,9 @@ import gzip
 import hashlib
 import os
 import pathlib
+import socket
+import threading
+import urllib.parse
 import zlib
 from typing import Any, Optional, Union
 
@@ -261,6 +264,11 @@ def resolve_dataset_dir(name: str, data_dir: Optional[PathLike] = None) -> pathl
   candidates, notes = _candidate_dirs(name, data_dir)
   looked = []
   for directory, origin in candidates:
+    if directory.parent.is_file():  # (data_dir/name under a data_dir that is a file)
+      continue
+    if directory.is_file():  # e.g. the path of one of the files, or of an embedding file
+      looked.append(f'  {directory} ({origin}): a file, not a folder (name the folder holding the four files)')
+      continue
     if not directory.is_dir():
       looked.append(f'  {directory} ({origin}): does not exist')
       continue
@@ -382,6 +390,49 @@ def _stack_examples(source: Any, split: str, chunk: int = 8192) -> tuple[np.ndar
   return images, labels
 
 
+# How long a TFDS download may take to find its server (offline, TFDS itself retries for minutes).
+SERVER_TIMEOUT_S = 15.0
+
+
+def unreachable(url: str, timeout: float = SERVER_TIMEOUT_S) -> Optional[str]:
+  """None if a connection to the server of `url` opens within `timeout` seconds, else why not
+  (the name lookup included: it runs in a thread the caller does not wait for past `timeout`)."""
+  parts = urllib.parse.urlsplit(url)
+  port = parts.port or (443 if parts.scheme == 'https' else 80)
+  outcome: list[Optional[str]] = []
+
+  def connect():
+    try:
+      socket.create_connection((parts.hostname, port), timeout=timeout).close()
+      outcome.append(None)
+    except OSError as e:
+      outcome.append(f'{type(e).__name__}: {e}')
+
+  thread = threading.Thread(target=connect, daemon=True)
+  thread.start()
+  thread.join(timeout)
+  return outcome[0] if outcome else f'no answer within {timeout:g} s'
+
+
+def _data_source(tfds: Any, name: str, split: str, data_dir: Optional[PathLike], download: bool) -> Any:
+  """`tfds.data_source`, reaching for the network only when the dataset is not prepared in
+  `data_dir`, and then only once its download server has answered (`unreachable`)."""
+  data_dir = None if data_dir is None else os.fspath(data_dir)
+  try:
+    return tfds.data_source(name, split=split, download=False, data_dir=data_dir)
+  except Exception:  # not prepared (TFDS says so in several ways)
+    if not download:
+      raise
+  url = getattr(tfds.builder_cls(name), 'URL', None)
+  problem = unreachable(url) if url else None
+  if problem:
+    raise DataError(
+      f'Cannot download dataset {name!r} through TensorFlow Datasets into {data_dir}: its server {url} '
+      f'does not answer ({problem}). Check the network, or use the IDX files: ' + _how_to_get(name)
+    )
+  return tfds.data_source(name, split=split, download=True, data_dir=data_dir)
+
+
 def load_tfds_dataset(
   name: str, data_dir: Optional[PathLike] = None, *, splits: tuple[str, str] = ('train', 'test'), download: bool = True
 ) -> dict[str, Any]:
@@ -415,12 +466,14 @@ def load_tfds_dataset(
       f'tensorflow_datasets is not installed ({e}). Install it with '
       '`pip install -e .[tfds]`, or use the IDX files: ' + _how_to_get(name)
     ) from e
+  if data_dir is not None and pathlib.Path(data_dir).is_file():
+    raise DataError(
+      f'Cannot load dataset {name!r} through TensorFlow Datasets: data_dir {data_dir} is a file, not a folder'
+    )
   out: dict[str, Any] = {}
   for ours, split in zip(('train', 'test'), splits):
     try:
-      source = tfds.data_source(
-        name, split=split, download=download, data_dir=None if data_dir is None else os.fspath(data_dir)
-      )
+      source = _data_source(tfds, name, split, data_dir, download)
       images, labels = _stack_examples(source, split)
     except DataError:
       raise
