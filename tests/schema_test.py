@@ -6,7 +6,7 @@ import pytest
 
 from experiments import schema
 from experiments.configs import split_fashion_mnist, split_mnist
-from sdm_jax import models, regularizers
+from sdm_jax import continual, models, regularizers
 
 
 @pytest.mark.parametrize("variant", split_mnist.VARIANTS)
@@ -86,3 +86,39 @@ def test_make_tx_adds_the_sdm_projection_for_sdmlp_only():
     else:
       assert new.min() >= 0
       np.testing.assert_allclose(np.linalg.norm(new, axis=0), 1.0, rtol=1e-5)
+
+
+def _refusal(run) -> str:
+  with pytest.raises(ValueError) as refused:
+    run()
+  return str(refused.value)
+
+
+@pytest.mark.parametrize(
+  "name,config_fields,fit_args",
+  [
+    ("model.k", {"model.neurons": 20, "model.k": 30}, dict(neurons=20, k=30)),
+    ("seeds", {"seeds": (1, 1)}, dict(seeds=(1, 1))),
+    ("seeds", {"seeds": (0.5,)}, dict(seeds=(0.5,))),
+    ("epochs_per_task", {"epochs_per_task": 0}, dict(epochs_per_task=0)),
+    ("eval_every", {"epochs_per_task": 4, "eval_every": 3}, dict(epochs_per_task=4, eval_every=3)),
+    ("epochs_per_task", {"epochs_per_task": 10**12, "eval_every": 1}, dict(epochs_per_task=10**12)),
+    ("batch_size", {"batch_size": 0}, dict(batch_size=0)),
+  ],
+)
+def test_the_config_and_fit_refuse_with_the_same_rule(name, config_fields, fit_args):
+  """One validation for both doors (sdm_jax/validation.py): the same message, naming
+  config.<field> for a config and the argument for `continual.fit`."""
+  config = split_mnist.get_config("sdmlp,tiny")
+  for field, value in config_fields.items():
+    node, *path = config, *field.split(".")
+    for part in path[:-1]:
+      node = node[part]
+    with node.ignore_type():
+      node[path[-1]] = value
+  x, y = np.random.default_rng(0).normal(size=(100, 3)), np.repeat(np.arange(10), 10)
+  from_config = _refusal(lambda: schema.validate_config(config))
+  from_fit = _refusal(lambda: continual.fit(x, y, **{"neurons": 50, "batch_size": 5, **fit_args}))
+  assert from_config.startswith(f"config.{name}: ")
+  assert from_fit.startswith(name.split(".")[-1] + ": ")
+  assert from_config.split(": ", 1)[1] == from_fit.split(": ", 1)[1]

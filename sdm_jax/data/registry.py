@@ -38,9 +38,10 @@ def load_dataset(
   - 'tfds': TensorFlow Datasets, which reads `data_dir` as its data folder
     and downloads and prepares the dataset there when it is absent.
     `data_dir` is required, so TFDS never writes where it was not pointed.
-  A missing local copy is never silently replaced by a download: offline,
-  TFDS retries for minutes before failing, and it writes its `downloads/`
-  folder as it goes.
+  A missing local copy is never silently replaced by a download. With
+  'tfds', a dataset not prepared in `data_dir` is downloaded only once its
+  server has answered (`idx.unreachable`, 15 s at most): offline, TFDS
+  itself retries for minutes, writing its `downloads/` folder as it goes.
 
   Args:
     name: dataset name.
