@@ -177,7 +177,7 @@ def _hold(workdir: pathlib.Path):
     if jax.process_index() == 0:
       try:
         stack.enter_context(workdir_lib.hold(workdir))
-      except workdir_lib.WorkdirError as e:
+      except Exception as e:  # (told to the others first: they would wait for process 0 forever)
         error = e
     held = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
     if error is not None:
