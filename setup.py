@@ -21,15 +21,17 @@ setuptools.setup(
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
   python_requires=">=3.10",
-  packages=setuptools.find_packages(
-    include=["sdm_jax", "sdm_jax.*", "experiments", "experiments.*", "launch", "launch.*"]
-  ),
+  # Only sdm_jax: experiments/, launch/ and benchmarks/ are folders of the repository, run from its
+  # root (`python -m experiments.split_mnist ...`), so no top-level `experiments` package lands in
+  # site-packages beside another project's.
+  packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*"]),
   # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/cpu_kernels.py).
   package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax": ["csrc/*.cc"]},
   install_requires=CORE,
   extras_require={
     # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).
-    # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files.
+    # scikit-learn: its digits are the README's "Your own data" example; tensorboard reads the event files;
+    # umap-learn: analysis.py's UMAP of weights and data.
     "test": [
       "pytest>=7",
       "pytest-xdist>=3",
@@ -40,6 +42,7 @@ setuptools.setup(
       "scikit-learn>=1.3",
       "tensorboard>=2.16",
       "ruff>=0.6",
+      "umap-learn>=0.5",
     ],
     "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
     # The JPEG CIFAR-10 stand-in is decoded with Pillow.

@@ -36,7 +36,11 @@ def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
   assert set(printed) == {"sdmlp", "relu"}
   sdmlp, relu = float(printed["sdmlp"]), float(printed["relu"])
   assert relu < 0.25 and sdmlp > relu + 0.1, out.getvalue()
-  assert "0.365" in out.getvalue() and "relu: 0.197" in out.getvalue()  # the numbers the README quotes
+  # The numbers the README quotes, to what float rounding moves over 250 epochs (0.365 on JAX 0.10.2,
+  # 0.364 on 0.12): a different model or protocol moves them by more.
+  quoted = dict(re.findall(r"`(\w+): ([\d.]+) ± [\d.]+`", README.read_text().split("## Your own data", 1)[1]))
+  assert sdmlp == pytest.approx(float(quoted["sdmlp"]), abs=0.02), out.getvalue()
+  assert relu == pytest.approx(float(quoted["relu"]), abs=0.01), out.getvalue()
 
 
 @pytest.mark.slow
