@@ -379,10 +379,15 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
       f"{config.model.input_size} does not match the {features} features of "
       f"{config.dataset} ({dataset.get('source', config.data_dir)})",
     )
-  # Every class of 0..num_classes-1 has training examples and no label lies outside (else a task
-  # would train on nothing, or examples would be dropped): what `continual.fit` checks of y.
+  # No label lies outside 0..num_classes-1 (its examples would be dropped) and, when the classes are
+  # split into several tasks, every class has training examples (else a task would train on nothing):
+  # what `continual.fit` checks of y. One task over every class (a pretrain) trains on the classes
+  # present, as a pretrain on a sample of ImageNet32 or on TFDS mock data does.
   where = f"the training data of {config.dataset} ({dataset.get('source', config.data_dir)})"
-  validation.check_classes("config.num_classes", np.asarray(dataset["train_labels"]), config.num_classes, where=where)
+  several_tasks = config.classes_per_task < config.num_classes
+  validation.check_classes(
+    "config.num_classes", np.asarray(dataset["train_labels"]), config.num_classes, where=where, every_class=several_tasks
+  )
   where = f"the {'validation' if config.get('validation_fraction', 0.0) > 0 else 'test'} data of {config.dataset}"
   validation.check_classes(
     "config.num_classes", np.asarray(dataset["test_labels"]), config.num_classes, where=where, every_class=False

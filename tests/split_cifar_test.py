@@ -196,9 +196,12 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
     pre = pretrain.get_config("pixels_sdmlp_k1,tiny")
     pre.model.neurons, pre.batch_size = 16, 4  # the mock's 20 examples
     pre_results = driver.train_and_evaluate(pre, tmp_path / "pretrain")
+  # Split CIFAR-10 needs every class in its training data (a task would train on nothing): the
+  # mock's 20 random labels leave class 6 out, 100 give every class.
+  with tfds.testing.mock_data(num_examples=100):
     config = split_cifar.get_config("pixels_sdmlp_k1,tiny")
     config.model.neurons, config.pretrained, config.seeds = 16, str(tmp_path / "pretrain"), (3,)
-    config.batch_size = 1  # the mock gives some tasks a single example
+    config.batch_size = 4
     results = driver.train_and_evaluate(config, tmp_path / "split_cifar")
   assert pre_results["dataset"]["source"] == "tfds:imagenet_resized/32x32"
   assert results["dataset"]["source"] == "tfds:cifar10" and results["tasks_finished"] == 5
