@@ -386,7 +386,11 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   where = f"the training data of {config.dataset} ({dataset.get('source', config.data_dir)})"
   several_tasks = config.classes_per_task < config.num_classes
   validation.check_classes(
-    "config.num_classes", np.asarray(dataset["train_labels"]), config.num_classes, where=where, every_class=several_tasks
+    "config.num_classes",
+    np.asarray(dataset["train_labels"]),
+    config.num_classes,
+    where=where,
+    every_class=several_tasks,
   )
   where = f"the {'validation' if config.get('validation_fraction', 0.0) > 0 else 'test'} data of {config.dataset}"
   validation.check_classes(

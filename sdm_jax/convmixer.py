@@ -42,7 +42,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sdm_jax import augment
+from sdm_jax import augment, layers, optim, sdm_layer
 
 DATA_AXIS = 'data'
 
@@ -70,7 +70,10 @@ class DepthwiseConv(nn.Module):
 
 
 class ConvMixer(nn.Module):
-  """ConvMixer-dim/depth; `__call__` returns (embedding [B, dim], logits [B, num_classes])."""
+  """ConvMixer-dim/depth; `__call__` returns (embedding [B, dim], logits [B, num_classes]).
+
+  `num_classes=0` leaves out the classifier (logits None): the trunk of `ConvSDM`.
+  """
 
   dim: int = 256
   depth: int = 8
@@ -89,6 +92,8 @@ class ConvMixer(nn.Module):
       x = x + bn()(gelu(DepthwiseConv(k)(x)))
       x = bn()(gelu(nn.Conv(self.dim, (1, 1))(x)))
     embedding = x.mean(axis=(1, 2))
+    if not self.num_classes:
+      return embedding, None
     return embedding, nn.Dense(self.num_classes)(embedding)
 
 
@@ -221,3 +226,134 @@ def embed_arrays(
       logits.append(np.asarray(l)[: batch_size - pad])
   emb = np.concatenate(embs).astype(np.float32)
   return (emb, np.concatenate(logits)) if with_logits else emb
+
+
+# --------------------------------------------------------------------------- #
+# ConvSDM: a ConvMixer with an SDM layer as its last hidden layer, trained end to end.
+# --------------------------------------------------------------------------- #
+
+
+def sdm_head_optimizer(
+  head: sdm_layer.SDMSpec, *, lr: float = 0.03, momentum: float = 0.9, clip_norm: float = 1.0
+) -> optax.GradientTransformation:
+  """The authors' ConvSDM optimiser (SGDM 0.03, clip 1.0; models/Conv_SDM.py with
+  py_scripts/model_params.py `conv_sdm_settings`), then the SDM constraint on the head only:
+  unit-norm addresses under 'sdm' (and >= 0 under 'sdm' and 'out' when `head.positive`). The
+  trunk's parameters, negative ones included, are left as the optimiser puts them."""
+  parts = [optax.clip_by_global_norm(clip_norm), optax.sgd(lr, momentum=momentum)]
+  if head.uses_topk and head.constrained:
+    parts.append(
+      optim.sdm_projection(
+        "sdm", nonnegative="out" if head.positive else None, positive=head.positive, normalize=head.l2_norm
+      )
+    )
+  return optax.chain(*parts)
+
+
+def init_sdm_state(
+  key,
+  trunk: ConvMixer,
+  head: sdm_layer.SDMSpec,
+  num_classes: int,
+  tx: optax.GradientTransformation,
+  image_shape=(32, 32, 3),
+) -> dict:
+  """params {'trunk', 'sdm', 'out'}, batch_stats, the GABA counters, opt_state, step, key.
+
+  The SDM head is `sdm_layer.init` on the trunk's embedding; 'out' is X_v, PyTorch's nn.Linear
+  (with a bias for the ReLU head, `head.bias`; none for SDM, as the reference)."""
+  if trunk.num_classes:
+    raise ValueError(f"trunk.num_classes must be 0 (the SDM head classifies), got {trunk.num_classes}")
+  trunk_key, sdm_key, out_key, key = jax.random.split(key, 4)
+  variables = trunk.init(trunk_key, jnp.zeros((1,) + tuple(image_shape)), train=False)
+  out = sdm_layer.torch_linear_init(out_key, head.neurons, num_classes, head.bias)
+  params = dict(
+    trunk=variables['params'],
+    sdm=sdm_layer.init(sdm_key, trunk.dim, head),
+    out=jax.tree.map(jax.nn.relu, out) if head.positive and head.uses_topk else out,
+  )
+  return dict(
+    params=params,
+    batch_stats=variables['batch_stats'],
+    gaba_counts=sdm_layer.init_counts(head),
+    opt_state=tx.init(params),
+    step=jnp.zeros((), jnp.int32),
+    key=key,
+  )
+
+
+def sdm_forward(trunk: ConvMixer, head: sdm_layer.SDMSpec, params, batch_stats, counts, x, *, train: bool):
+  """(logits, a*, new batch_stats, new GABA counters) of normalised images x [B, H, W, 3]."""
+  if train:
+    (embedding, _), updates = trunk.apply(
+      {'params': params['trunk'], 'batch_stats': batch_stats}, x, train=True, mutable=['batch_stats']
+    )
+    batch_stats = updates['batch_stats']
+  else:
+    embedding, _ = trunk.apply({'params': params['trunk'], 'batch_stats': batch_stats}, x, train=False)
+  a_star, counts = sdm_layer.apply(params['sdm'], counts, embedding, spec=head, train=train)
+  logits = a_star @ params['out']['kernel']
+  if 'bias' in params['out']:
+    logits = logits + params['out']['bias']
+  return logits, a_star, batch_stats, counts
+
+
+def sdm_train_step(
+  state: dict, images, labels, *, trunk: ConvMixer, head: sdm_layer.SDMSpec, tx, aug: dict[str, Any]
+) -> tuple[dict, dict]:
+  """One step of the whole ConvSDM on a uint8 batch; jit with trunk/head/tx/aug bound."""
+  key, aug_key = jax.random.split(state['key'])
+  x = augment.train_augment(aug_key, images, **aug)
+
+  def loss_fn(params):
+    logits, a_star, batch_stats, counts = sdm_forward(
+      trunk, head, params, state['batch_stats'], state['gaba_counts'], x, train=True
+    )
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return loss, (logits, a_star, batch_stats, counts)
+
+  (loss, (logits, a_star, batch_stats, counts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
+  updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+  new_state = dict(
+    params=optax.apply_updates(state['params'], updates),
+    batch_stats=batch_stats,
+    gaba_counts=counts,
+    opt_state=opt_state,
+    step=state['step'] + 1,
+    key=key,
+  )
+  metrics = dict(
+    loss=loss,
+    accuracy=(logits.argmax(-1) == labels).mean(),
+    active=(a_star > 0).sum(-1).mean(),
+    grad_norm=optax.tree.norm(grads),
+  )
+  return new_state, metrics
+
+
+def sdm_eval_batch(state: dict, images, *, trunk: ConvMixer, head: sdm_layer.SDMSpec):
+  """(predictions, which neurons fired for any image, active neurons per image) of a uint8 batch,
+  in evaluation mode (running BN statistics, GABA counters frozen). Jit with trunk/head bound."""
+  logits, a_star, _, _ = sdm_forward(
+    trunk, head, state['params'], state['batch_stats'], state['gaba_counts'], augment.normalize(images), train=False
+  )
+  return logits.argmax(-1), (a_star > 0).any(0), (a_star > 0).sum(-1)
+
+
+def sdm_evaluate(eval_batch, state: dict, images, labels, *, head: sdm_layer.SDMSpec, batch_size: int = 500) -> dict:
+  """Validation accuracy, the fraction of neurons inactive for every image (the paper's dead
+  neurons, App. Optimized Top-K: an upper bound on those dead for the training data), mean active
+  neurons per image and mean GABA λ. `eval_batch` is the jitted `sdm_eval_batch`."""
+  correct, ever, active = 0, np.zeros(head.neurons, bool), 0
+  for start in range(0, len(images), batch_size):
+    pred, fired, n_active = jax.device_get(eval_batch(state, images[start : start + batch_size]))
+    correct += int((pred == labels[start : start + batch_size]).sum())
+    ever |= fired
+    active += int(n_active.sum())
+  lam = layers.gaba_lambda(state['gaba_counts'], head.switch_activations) if head.k_schedule == 'gaba' else None
+  return dict(
+    accuracy=correct / len(images),
+    dead_fraction=float(1.0 - ever.mean()),
+    active_per_example=active / len(images),
+    mean_lambda=None if lam is None else float(jnp.mean(lam)),
+  )

@@ -6,7 +6,7 @@ Synopsis::
     a = jax.nn.relu(x @ address_kernel)         # cosine similarities, n x r
     thr = kth_largest(a, k + 1)                 # I in Eq. 4, k may be traced
     a_star = jax.nn.relu(a - thr[:, None])      # Eq. 4 (subtract)
-    lam = gaba_lambda(counts, T)                # Eq. 8
+    lam = gaba_lambda(counts, T)                # the GABA switch, App. B.3 Eq. 12
     a_star = jax.nn.relu(a - lam * thr[:, None])
 
 Every function is jit/vmap/grad friendly. ``k`` is a traced integer wherever the
@@ -213,7 +213,7 @@ def resolve_threshold_method(method: str, k_bound: int | None) -> str:
 def kth_largest(a: jax.Array, k, *, method: ThresholdMethod = "auto", k_bound: int | None = None) -> jax.Array:
   """The k-th largest value along the last axis of a non-negative array.
 
-  This is I in Eq. 4 (called with k+1) and in Eq. 8. The result is exact
+  This is I in Eq. 4 (called with k+1) and in the GABA switch (App. B.3, Eq. 12). The result is exact
   (equal to sorting) for every method; ties count with multiplicity. If k
   exceeds the number of values, the result is 0 (so subtracting it keeps
   every unit: the start of k annealing, where k_max = r).
@@ -250,7 +250,7 @@ def kth_largest(a: jax.Array, k, *, method: ThresholdMethod = "auto", k_bound: i
 
 
 def topk_subtract(a: jax.Array, threshold: jax.Array, scale: jax.Array | float = 1.0) -> jax.Array:
-  """Eq. 4 / Eq. 8: relu(a - scale * I). `scale` is the GABA lambda (per neuron) or 1."""
+  """Eq. 4 / Eq. 12 (App. B.3): relu(a - scale * I). `scale` is the GABA lambda (per neuron) or 1."""
   return jax.nn.relu(a - scale * threshold[..., None])
 
 
@@ -270,5 +270,6 @@ def linear_k(epoch, *, k_max: int, k_target: int, transition_epochs: int) -> jax
 
 
 def gaba_lambda(counts: jax.Array, switch_activations: float) -> jax.Array:
-  """Eq. 8: lambda_i = clip(-1 + 2 C_i / T, -1, 1), C_i = times neuron i fired."""
+  """The GABA switch (App. B.3, `\\label{eq:GabaSwitch}`, Eq. 12 counting the source's numbered
+  equations): lambda_i = clip(-1 + 2 C_i / T, -1, 1), C_i = times neuron i fired."""
   return jnp.clip(-1.0 + 2.0 * counts / switch_activations, -1.0, 1.0)

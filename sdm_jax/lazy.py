@@ -64,6 +64,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sdm_jax import paths
+
 ActivityFn = Callable[[optax.Updates], Any]
 
 
@@ -247,3 +249,114 @@ def lazy_adam(
   else:
     inner = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
   return lazy(inner, activity_fn=activity_fn)
+
+
+# --------------------------------------------------------------------------- #
+# Lazy on the marked SDM layers of any model.
+# --------------------------------------------------------------------------- #
+
+LAZY, DENSE = "lazy", "dense"
+
+
+def _layer_paths(sdm_layers) -> list[tuple[tuple[str, ...], tuple[str, ...] | None]]:
+  """[(address path, value path or None)] from "sdm", ("sdm", "out") pairs or a list of them."""
+  if isinstance(sdm_layers, str) or (
+    isinstance(sdm_layers, tuple) and len(sdm_layers) == 2 and all(isinstance(p, str) or p is None for p in sdm_layers)
+  ):
+    sdm_layers = [sdm_layers]
+  pairs = []
+  for layer in sdm_layers:
+    address, value = (layer, None) if isinstance(layer, str) else layer
+    pairs.append((paths.as_paths(address, "layers")[0], None if value is None else paths.as_paths(value, "layers")[0]))
+  if not pairs:
+    raise ValueError("layers: mark at least one SDM layer, e.g. 'sdm' or ('sdm', 'out')")
+  return pairs
+
+
+def layer_activity(sdm_layers) -> ActivityFn:
+  """`activity_fn` for `lazy`: per-neuron masks on the marked SDM layers of any tree.
+
+  For each (address, value) pair, neuron j fired iff its address column (kernel[..., j] of the
+  leaves under the address path but a bias), its bias entry, or its value row (kernel[j, ...] of the
+  leaves under the value path) has a nonzero gradient; those leaves get the neuron's mask (the
+  value layer's own bias is per element). Every other leaf is per element (`elementwise_activity`).
+  """
+  pairs = _layer_paths(sdm_layers)
+
+  def activity(grads):
+    leaves = jax.tree_util.tree_flatten_with_path(grads)[0]
+    fired = []
+    for address, value in pairs:
+      hits = []
+      for key_path, g in leaves:
+        path = paths.path_of(key_path)
+        if paths.under(path, address):
+          hits.append(g != 0 if path[-1] == "bias" else jnp.any(g != 0, axis=tuple(range(g.ndim - 1))))
+        elif value is not None and paths.under(path, value) and path[-1] != "bias":
+          hits.append(jnp.any(g != 0, axis=tuple(range(1, g.ndim))))
+      fired.append(jnp.any(jnp.stack(hits), axis=0))
+
+    def mask(key_path, g):
+      path = paths.path_of(key_path)
+      for (address, value), f in zip(pairs, fired):
+        if paths.under(path, address):
+          return f if path[-1] == "bias" else f.reshape((1,) * (g.ndim - 1) + (-1,))
+        if value is not None and paths.under(path, value) and path[-1] != "bias":
+          return f.reshape((-1,) + (1,) * (g.ndim - 1))
+      return g != 0
+
+    return jax.tree_util.tree_map_with_path(mask, grads)
+
+  return activity
+
+
+def _check_layers(params, pairs) -> None:
+  """ValueError naming the path of a missing layer or of a kernel that cannot be an SDM layer's."""
+  for address, value in pairs:
+    paths.require(params, [address] + ([value] if value is not None else []), "layers")
+  leaves = [(paths.path_of(k), p) for k, p in jax.tree_util.tree_flatten_with_path(params)[0]]
+  for address, value in pairs:
+    kernels = [(pth, p) for pth, p in leaves if paths.under(pth, address) and pth[-1] != "bias"]
+    for pth, p in kernels:
+      if jnp.ndim(p) < 2:
+        raise ValueError(f"layers: {'/'.join(pth)!r} has shape {jnp.shape(p)}; an address kernel is [..., neurons]")
+    neurons = {jnp.shape(p)[-1] for _, p in kernels}
+    if len(neurons) > 1:
+      raise ValueError(f"layers: the kernels under {'/'.join(address)!r} disagree on the neuron count: {neurons}")
+    if value is None:
+      continue
+    for pth, p in leaves:
+      if paths.under(pth, value) and pth[-1] != "bias" and (jnp.ndim(p) < 2 or jnp.shape(p)[0] not in neurons):
+        raise ValueError(
+          f"layers: the value kernel {'/'.join(pth)!r} has shape {jnp.shape(p)}; it must be [neurons, ...] with "
+          f"neurons = {sorted(neurons)} (the address kernel's last axis)"
+        )
+
+
+def lazy_layers(
+  inner: optax.GradientTransformation, sdm_layers, *, rest: optax.GradientTransformation | None = None
+) -> optax.GradientTransformation:
+  """`inner` made lazy on the marked SDM layers of any model; `rest` (default: `inner`, not lazy)
+  on every other parameter, through `optax.partition`.
+
+  Args:
+    inner: an element-wise optimiser (`optax.adam(1e-3)`, `scale_by_adam_per_element_count` chained
+      with a learning rate, ...), as for `lazy`.
+    sdm_layers: the SDM layers: "sdm" (its address kernel [..., neurons] and bias), ("sdm", "out")
+      (with its value kernel [neurons, ...]: a neuron that fired updates both), or a list of them.
+      A neuron is silent when all of its gradients are exactly zero (`layer_activity`).
+    rest: the transformation of all other parameters (e.g. a CNN trunk's), default `inner`.
+
+  A marked path that is missing, or a kernel of the wrong shape, raises ValueError naming it at
+  `init` (and while tracing `update`).
+  """
+  pairs = _layer_paths(sdm_layers)
+  marked = [p for pair in pairs for p in pair if p is not None]
+
+  def label_fn(params):
+    _check_layers(params, pairs)
+    return paths.labels(params, {LAZY: marked}, default=DENSE)
+
+  return optax.partition(
+    {LAZY: lazy(inner, activity_fn=layer_activity(pairs)), DENSE: inner if rest is None else rest}, label_fn
+  )

@@ -17,15 +17,14 @@ with Flax's [in, out] kernel layout.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
-from sdm_jax import layers
+from sdm_jax import sdm_layer
 
-K_SCHEDULES = ("gaba", "linear", "flat", "none")
-INHIBITIONS = ("subtract", "mask")
+K_SCHEDULES = sdm_layer.K_SCHEDULES
+INHIBITIONS = sdm_layer.INHIBITIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +35,13 @@ class ModelSpec:
     input_size: flattened input dimension n.
     neurons: hidden width r.
     num_classes: width of the single shared output head.
-    k: target number of active neurons (k_target of Eq. 4 / Eq. 8).
-    k_schedule: "gaba" (Eq. 8, per-neuron counters), "linear" (Eq. 4 anneal
+    k: target number of active neurons (k_target of Eq. 4 / Eq. 12).
+    k_schedule: "gaba" (App. B.3's GABA switch, Eq. 12, per-neuron counters), "linear" (Eq. 4 anneal
       from k_max to k over k_transition_epochs), "flat" (k from the start),
       "none" (no Top-K: ReLU MLP).
     inhibition: "subtract" the (k+1)-th value (Eq. 4) or "mask" (keep the raw
       top-k). GABA always subtracts.
-    gaba_switch_activations: T (the paper's s in Eq. 8): firings for a neuron
+    gaba_switch_activations: T (the paper's s in Eq. 12): firings for a neuron
       to go from excited (lambda = -1) to inhibited (lambda = +1).
     k_max: start of the linear schedule; None means `neurons` (reference).
     k_transition_epochs: s of Eq. 4 (epochs of the linear schedule).
@@ -77,6 +76,28 @@ class ModelSpec:
   def constrained(self) -> bool:
     return self.positive_weights or self.l2_norm
 
+  @property
+  def layer(self) -> sdm_layer.SDMSpec:
+    """The hidden layer as an `sdm_layer.SDMSpec` (the one SDM layer implementation).
+
+    A k >= neurons keeps every unit (the threshold, the (k+1)-th largest of r values, is 0), which
+    is the plain ReLU layer: the spec says so, since `SDMSpec` refuses k >= neurons.
+    """
+    keeps_all = self.k_schedule != "none" and self.k >= self.neurons
+    return sdm_layer.SDMSpec(
+      neurons=self.neurons,
+      k=self.k,
+      k_schedule="none" if keeps_all else self.k_schedule,
+      inhibition=self.inhibition,
+      switch_activations=self.gaba_switch_activations,
+      k_max=self.k_max,
+      k_transition_epochs=self.k_transition_epochs,
+      positive=self.positive_weights,
+      l2_norm=self.l2_norm,
+      bias=self.hidden_bias,
+      threshold_method=self.threshold_method,
+    )
+
 
 def sdmlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **overrides) -> ModelSpec:
   """SDMLP as the reference runs it: no biases, positive weights, L2 norms, GABA switch."""
@@ -108,32 +129,27 @@ def topk_mlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **ove
   return ModelSpec(input_size=input_size, neurons=neurons, num_classes=num_classes, k=k, **fields)
 
 
-def _torch_linear_init(key, fan_in: int, fan_out: int, bias: bool) -> dict:
-  """PyTorch nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for kernel and bias."""
-  bound = 1.0 / math.sqrt(fan_in)
-  kernel_key, bias_key = jax.random.split(key)
-  layer = {"kernel": jax.random.uniform(kernel_key, (fan_in, fan_out), jnp.float32, -bound, bound)}
-  if bias:
-    layer["bias"] = jax.random.uniform(bias_key, (fan_out,), jnp.float32, -bound, bound)
-  return layer
-
-
 def init_output_layer(key, spec: ModelSpec) -> dict:
   """A fresh output layer (used at init and for the head reset after pretraining)."""
-  return _torch_linear_init(key, spec.neurons, spec.num_classes, spec.output_bias)
+  return sdm_layer.torch_linear_init(key, spec.neurons, spec.num_classes, spec.output_bias)
 
 
 def init_params(key, spec: ModelSpec) -> dict:
   """PyTorch-default init, then the SDM constraint applied once, as the authors' `on_fit_start` does.
 
-  TrentBrick/SDMContinualLearner, models/Base_Model.py; docs/reference_code.md#sdmlp.
+  TrentBrick/SDMContinualLearner, models/Base_Model.py; docs/reference_code.md#sdmlp. The hidden
+  layer is `sdm_layer.init` (the one SDM layer), the output layer PyTorch's nn.Linear.
   """
   hidden_key, output_key = jax.random.split(key)
   params = {
-    "hidden": _torch_linear_init(hidden_key, spec.input_size, spec.neurons, spec.hidden_bias),
+    "hidden": sdm_layer.init(hidden_key, spec.input_size, spec.layer),
     "output": init_output_layer(output_key, spec),
   }
-  return project_params(params, spec)
+  return {**params, "output": _project_output(params["output"], spec)}
+
+
+def _project_output(output: dict, spec: ModelSpec) -> dict:
+  return jax.tree.map(jax.nn.relu, output) if spec.positive_weights else output
 
 
 def project_params(params: dict, spec: ModelSpec) -> dict:
@@ -142,67 +158,30 @@ def project_params(params: dict, spec: ModelSpec) -> dict:
   As the authors' `check_enforce_pos_and_l2_norm_weights` (TrentBrick/SDMContinualLearner,
   models/Base_Model.py; docs/reference_code.md#sdmlp): the clamp covers all
   parameters (output layer and biases too); the normalisation covers only the
-  hidden kernel's columns (one per neuron). Paper App. A.5 items 2-4.
+  hidden kernel's columns (one per neuron). Paper App. A.5 items 2-4. The hidden layer's part is
+  `sdm_layer.project`; for any other model use `optim.sdm_projection`.
   """
-  if spec.positive_weights:
-    params = jax.tree.map(jax.nn.relu, params)
-  if spec.l2_norm:
-    hidden = dict(params["hidden"])
-    hidden["kernel"] = layers.l2_normalize(hidden["kernel"], axis=0)
-    params = {**params, "hidden": hidden}
-  return params
+  # Every layer but the hidden one (the output head, and any a caller adds) gets the clamp only.
+  return {
+    name: sdm_layer.project(layer, spec.layer) if name == "hidden" else _project_output(layer, spec)
+    for name, layer in params.items()
+  }
 
 
 def param_count(params) -> int:
   return sum(int(p.size) for p in jax.tree.leaves(params))
 
 
-def current_k(spec: ModelSpec, epoch) -> jax.Array:
-  """k in force at global epoch `epoch` (traced): Eq. 4 for "linear", else k."""
-  if spec.k_schedule == "linear":
-    k_max = spec.neurons if spec.k_max is None else spec.k_max
-    return layers.linear_k(epoch, k_max=k_max, k_target=spec.k, transition_epochs=spec.k_transition_epochs)
-  return jnp.asarray(spec.k, jnp.int32)
-
-
-def _threshold_k_bound(spec: ModelSpec) -> int | None:
-  """Static bound on the rank the threshold needs: k+1 unless k is annealed."""
-  if spec.k_schedule == "linear":
-    return None
-  return spec.k + (1 if spec.inhibition == "subtract" or spec.k_schedule == "gaba" else 0)
+def current_k(spec: ModelSpec, epoch):
+  """k in force at global epoch `epoch` (traced): Eq. 4 for "linear" (int32), else spec.k (an int)."""
+  return sdm_layer.k_in_force(spec.layer, epoch)
 
 
 def hidden_activations(
   params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts: jax.Array | None = None
 ) -> jax.Array:
-  """a* of Eq. 4 / Eq. 8 (or plain ReLU), shape [batch, neurons]."""
-  x = layers.sdm_input(x, positive=spec.positive_weights, normalize=spec.l2_norm)
-  a = x @ params["hidden"]["kernel"]
-  if spec.hidden_bias:
-    a = a + params["hidden"]["bias"]
-  a = jax.nn.relu(a)
-  if not spec.uses_topk:
-    return a
-  if spec.k_schedule == "linear":
-    k = current_k(spec, 0) if k is None else k
-  else:
-    # k is fixed by the spec (the threshold's static rank bound depends on it).
-    if isinstance(k, int) and k != spec.k:
-      raise ValueError(
-        f"k={k} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; build a spec with that k instead"
-      )
-    k = spec.k
-  bound = _threshold_k_bound(spec)
-  method = spec.threshold_method
-  if spec.k_schedule == "gaba":
-    if gaba_counts is None:
-      raise ValueError("the GABA switch needs gaba_counts (per-neuron firing counters)")
-    threshold = layers.kth_largest(a, k + 1, method=method, k_bound=bound)
-    lam = layers.gaba_lambda(gaba_counts, spec.gaba_switch_activations)
-    return layers.topk_subtract(a, threshold, lam)
-  if spec.inhibition == "subtract":
-    return layers.topk_subtract(a, layers.kth_largest(a, k + 1, method=method, k_bound=bound))
-  return layers.topk_mask(a, layers.kth_largest(a, k, method=method, k_bound=bound))
+  """a* of Eq. 4 / Eq. 12 (or plain ReLU), shape [batch, neurons]: `sdm_layer.activations`."""
+  return sdm_layer.activations(params["hidden"], x, spec=spec.layer, k=k, counts=gaba_counts)
 
 
 def forward(

@@ -170,19 +170,30 @@ def test_neuron_statistics_match_one_forward_pass(kind):
   assert stats.active_per_example == pytest.approx((hidden != 0).sum() / 50)
 
 
-def test_umap_embeddings_have_the_right_shapes():
-  pytest.importorskip("umap")
+@pytest.mark.slow  # numba compiles UMAP's kernels once (~10 s)
+def test_umap_puts_each_neuron_beside_the_data_it_addresses():
+  """Two clusters of data and a neuron at each cluster's centre (plus rarely active neurons, dropped):
+  in both embeddings (fitted on the weights, or on the data) each kept neuron lands nearer its own
+  cluster's data than the other's, so the figure shows which data each neuron serves."""
+  import umap  # noqa: F401  (the test extra installs umap-learn)
+
   rng = np.random.default_rng(0)
-  kernel = np.abs(rng.normal(size=(20, 40)))
-  x = rng.random((120, 20))
-  weights, data, kept = analysis.umap_inputs(kernel, x, np.where(np.arange(40) < 30, 50, 10), l2_norm=True)
-  assert weights.shape == (30, 20) and len(kept) == 30  # neurons with <= 10 activations dropped
+  centres = np.zeros((2, 20))
+  centres[0, :10], centres[1, 10:] = 1.0, 1.0
+  side = np.repeat([0, 1], 60)
+  x = np.abs(centres[side] + 0.1 * rng.normal(size=(120, 20)))
+  kernel = np.abs(centres[np.repeat([0, 1], 20)].T + 0.05 * rng.normal(size=(20, 40)))  # [n, r]: neurons 0-19 on 0
+  activations = np.where(np.arange(40) % 4 == 3, 5, 50)  # every 4th neuron fired <= 10 times: left out
+  weights, data, kept = analysis.umap_inputs(kernel, x, activations, l2_norm=True)
+  np.testing.assert_array_equal(kept, np.flatnonzero(np.arange(40) % 4 != 3))
+  np.testing.assert_array_equal(weights, kernel[:, kept].T)
   np.testing.assert_allclose(np.linalg.norm(data, axis=1), 1.0)
-  fast = dict(n_neighbors=5, n_epochs=20, init="random")  # numba compiles ~10 s once; keep the rest small
-  d, w = analysis.umap_fit_weights(weights, data, **fast)
-  assert d.shape == (120, 2) and w.shape == (30, 2)
-  d, w = analysis.umap_fit_data(weights, data, **fast)
-  assert d.shape == (120, 2) and w.shape == (30, 2)
+  fast = dict(n_neighbors=10, n_epochs=50, init="random")
+  for fit in (analysis.umap_fit_weights, analysis.umap_fit_data):
+    d, w = fit(weights, data, **fast)
+    assert d.shape == (120, 2) and w.shape == (len(kept), 2)
+    to_cluster = np.stack([np.linalg.norm(w[:, None] - d[side == c][None], axis=-1).mean(1) for c in (0, 1)], 1)
+    np.testing.assert_array_equal(to_cluster.argmin(1), kept >= 20, err_msg=fit.__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------

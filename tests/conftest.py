@@ -36,3 +36,24 @@ def count_compiles():
       py_logging.getLogger("jax").removeHandler(handler)
 
   return count
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+  """{file name: the matplotlib Figure saved there} for every figure the code under test saves, so
+  that a test checks what a figure shows (its lines, bars and points), not only that a PNG exists."""
+  import pathlib
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  from matplotlib.figure import Figure
+
+  saved, save = {}, Figure.savefig
+
+  def record(self, fname, *args, **kwargs):
+    saved[pathlib.Path(fname).name] = self
+    return save(self, fname, *args, **kwargs)
+
+  monkeypatch.setattr(Figure, "savefig", record)
+  return saved

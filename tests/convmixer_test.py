@@ -118,3 +118,74 @@ def test_two_devices_match_one(tmp_path):
     [sys.executable, '-c', script], env=env, cwd=root, capture_output=True, text=True, timeout=300
   )
   assert result.returncode == 0 and 'ok' in result.stdout, result.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- ConvSDM
+
+
+def _conv_sdm(head, seed=0):
+  from sdm_jax import sdm_layer  # noqa: F401  (the head specs below)
+
+  trunk = convmixer.ConvMixer(dim=8, depth=1, kernel_size=3, patch_size=8, num_classes=0)
+  tx = convmixer.sdm_head_optimizer(head, lr=0.1)
+  state = convmixer.init_sdm_state(jax.random.PRNGKey(seed), trunk, head, 10, tx)
+  step = jax.jit(
+    functools.partial(convmixer.sdm_train_step, trunk=trunk, head=head, tx=tx, aug=dict(flip=False, num_ops=0))
+  )
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+  labels = rng.integers(0, 10, 16).astype(np.int32)
+  return trunk, state, step, images, labels
+
+
+@pytest.mark.parametrize("positive", [False, True])
+def test_conv_sdm_step_counts_firing_and_constrains_only_the_head(positive):
+  from sdm_jax import sdm_layer
+
+  head = sdm_layer.SDMSpec(neurons=20, k=3, switch_activations=64.0, positive=positive)
+  trunk, state, step, images, labels = _conv_sdm(head)
+  assert trunk.num_classes == 0 and set(state["params"]) == {"trunk", "sdm", "out"}
+  state, metrics = step(state, images, labels)
+  np.testing.assert_array_equal(state["gaba_counts"], np.full(20, 16.0))  # lambda = -1: every neuron fires
+  assert float(metrics["active"]) == 20.0
+  sdm = np.asarray(state["params"]["sdm"]["kernel"])
+  norms = np.linalg.norm(sdm, axis=0)
+  # Unit-norm addresses; with positive weights the clamp may zero a column whose 8 entries are all
+  # negative, which stays zero (as torch's F.normalize leaves it in the reference).
+  zeroed = (norms == 0) & positive
+  np.testing.assert_allclose(norms[~zeroed], 1.0, rtol=1e-6)
+  assert zeroed.sum() <= 1 and np.all(sdm[:, zeroed] == 0)
+  assert (sdm.min() >= 0) == positive and (np.asarray(state["params"]["out"]["kernel"]).min() >= 0) == positive
+  trunk_leaves = jax.tree.leaves(state["params"]["trunk"])
+  assert min(float(x.min()) for x in trunk_leaves) < 0  # the CNN's negative weights stay negative
+  eval_batch = jax.jit(functools.partial(convmixer.sdm_eval_batch, trunk=trunk, head=head))
+  before = np.asarray(state["gaba_counts"])
+  val = convmixer.sdm_evaluate(eval_batch, state, images, labels, head=head, batch_size=8)
+  assert 0.0 <= val["accuracy"] <= 1.0 and 0.0 <= val["dead_fraction"] <= 1.0
+  assert val["mean_lambda"] == pytest.approx(-1.0 + 2.0 * 16 / 64)
+  np.testing.assert_array_equal(state["gaba_counts"], before)  # evaluation leaves the counters alone
+
+
+def test_conv_sdm_relu_head_has_biases_and_no_projection():
+  from sdm_jax import sdm_layer
+
+  head = sdm_layer.SDMSpec(neurons=20, k_schedule="none", positive=False, l2_norm=False, bias=True)
+  _, state, step, images, labels = _conv_sdm(head)
+  assert set(state["params"]["sdm"]) == {"kernel", "bias"} and "bias" in state["params"]["out"]
+  state, _ = step(state, images, labels)
+  np.testing.assert_array_equal(state["gaba_counts"], np.zeros(20))
+  assert np.abs(np.linalg.norm(np.asarray(state["params"]["sdm"]["kernel"]), axis=0) - 1).max() > 1e-3
+
+
+def test_conv_sdm_needs_a_headless_trunk():
+  from sdm_jax import sdm_layer
+
+  head = sdm_layer.SDMSpec(neurons=20, k=3)
+  with pytest.raises(ValueError, match="^trunk.num_classes must be 0"):
+    convmixer.init_sdm_state(jax.random.PRNGKey(0), convmixer.ConvMixer(dim=8, depth=1), head, 10, optax_sgd())
+
+
+def optax_sgd():
+  import optax
+
+  return optax.sgd(0.1)

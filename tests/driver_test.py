@@ -334,10 +334,14 @@ def test_a_resumed_run_reads_its_earlier_curves_back_from_metrics_csv(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.every_stack
 def test_a_population_is_its_members_run_one_by_one_and_compiles_once(tmp_path, count_compiles):
-  """EWC λ x β (2 x 2) as one program equals the four runs with those values (<= 1e-5 on CPU,
-  where members are mapped one after another), with as many compilations as one ordinary run: every
-  program compiled from empty caches is counted, so the count means the same on every backend."""
+  """EWC λ x β (2 x 2) as one program equals the four runs with those values, with as many
+  compilations as one ordinary run: every program compiled from empty caches is counted, so the
+  count means the same on every backend. On CPU (members mapped one after another) a member is
+  bitwise its separate run, except with β = 1.0: XLA drops the separate run's β·logits (×1.0), the
+  tempered softmax's exp then runs in another kernel, and the Fisher differs in its last bit, which
+  training grows to <= 1e-4 (README, "Versions and guarantees")."""
   population = {"population.regularizer.strength": (30.0, 3000.0), "population.regularizer.beta": (0.005, 1.0)}
   config = _tiny("ewc", seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, **population)
   results, compiled = count_compiles(lambda: driver.train_and_evaluate(config, tmp_path / "population"), clear=True)
@@ -356,9 +360,11 @@ def test_a_population_is_its_members_run_one_by_one_and_compiles_once(tmp_path, 
     single = final_state.load(tmp_path / f"alone{i}" / "final_state.npz")
     for name in ("hidden", "output"):
       for leaf in ("kernel", "bias"):
-        np.testing.assert_allclose(
-          members.params[name][leaf][i], single.params[name][leaf][0], atol=1e-5, err_msg=f"{i} {name}.{leaf}"
-        )
+        got, want = members.params[name][leaf][i], single.params[name][leaf][0]
+        if beta == 1.0:
+          np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=f"{i} {name}.{leaf}")
+        else:
+          np.testing.assert_array_equal(got, want, err_msg=f"{i} {name}.{leaf}")
     assert len(compiled) == len(alone_compiled) > 0, (compiled, alone_compiled)
   # The values make a difference: the strongest penalty holds task 1 better than the weakest.
   task1 = [m["acc_matrix"][-1][0] for m in results["per_seed"]]

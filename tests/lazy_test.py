@@ -260,3 +260,64 @@ def test_gradient_detects_exactly_the_neurons_that_did_not_fire_in_the_sdm_model
   masks = lazy.neuron_activity(grads)
   np.testing.assert_array_equal(np.asarray(masks["hidden"]["kernel"])[0], fired)
   np.testing.assert_array_equal(np.asarray(masks["output"]["kernel"])[:, 0], fired)
+
+
+# --------------------------------------------------------------------------- #
+# lazy_layers: lazy on the marked SDM layer of any model.
+# --------------------------------------------------------------------------- #
+
+
+def _cnn(seed=0, silent=()):
+  """CNN + SDM head params (or gradients, with `silent` neurons' address columns and value rows 0)."""
+  rng = np.random.default_rng(seed)
+  p = {
+    "conv": {"kernel": rng.standard_normal((3, 3, 1, N_IN)), "bias": rng.standard_normal(N_IN)},
+    "sdm": {"kernel": rng.standard_normal((N_IN, R))},
+    "out": {"kernel": rng.standard_normal((R, C)), "bias": rng.standard_normal(C)},
+  }
+  for j in silent:
+    p["sdm"]["kernel"][:, j] = 0.0
+    p["out"]["kernel"][j] = 0.0
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), p)
+
+
+def test_lazy_layers_freezes_silent_neurons_of_a_marked_layer_and_leaves_the_rest_dense():
+  params = _cnn()
+  tx = lazy.lazy_layers(optax.adam(LR), ("sdm", "out"))
+  dense = optax.adam(LR)
+  state, dense_state = tx.init(params), dense.init(params)
+  for seed in (1, 2, 3):
+    grads = _cnn(seed, silent=SILENT if seed > 1 else ())
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    dense_updates, dense_state = jax.jit(dense.update)(grads, dense_state, params)
+  for leaf in (("conv", "kernel"), ("conv", "bias"), ("out", "bias")):  # not lazy: exactly adam
+    np.testing.assert_array_equal(updates[leaf[0]][leaf[1]], dense_updates[leaf[0]][leaf[1]])
+  active = [j for j in range(R) if j not in SILENT]
+  np.testing.assert_array_equal(updates["sdm"]["kernel"][:, SILENT], 0.0)
+  np.testing.assert_array_equal(updates["out"]["kernel"][SILENT, :], 0.0)
+  assert np.all(np.asarray(updates["sdm"]["kernel"][:, active]) != 0)
+
+
+def test_lazy_layers_equals_lazy_on_the_sdm_layout():
+  params = _params()
+  ours, builtin = lazy.lazy_layers(optax.adam(LR), ("hidden", "output")), lazy.lazy(optax.adam(LR))
+  s1, s2 = ours.init(params), builtin.init(params)
+  for seed in (1, 2, 3):
+    grads = _grads(seed, silent=SILENT, like=params)
+    u1, s1 = ours.update(grads, s1, params)
+    u2, s2 = builtin.update(grads, s2, params)
+    jax.tree.map(np.testing.assert_array_equal, u1, u2)
+
+
+@pytest.mark.parametrize(
+  "layers, message",
+  [
+    (("sdm", "outs"), r"^layers: no parameter at path 'outs'"),
+    ("head", r"^layers: no parameter at path 'head'"),
+    (("sdm", "conv"), r"^layers: the value kernel 'conv/kernel' has shape \(3, 3, 1, 5\)"),
+  ],
+)
+def test_lazy_layers_names_a_missing_or_misshapen_layer(layers, message):
+  tx = lazy.lazy_layers(optax.adam(LR), layers)
+  with pytest.raises(ValueError, match=message):
+    tx.init(_cnn())

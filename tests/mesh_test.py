@@ -7,6 +7,7 @@ WORKER` prints one JSON line that the tests read.
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import os
@@ -16,10 +17,18 @@ import socket
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# A run on 8 devices against one on 1 device (seed axis): bitwise on jaxlib 0.10. Since 0.11, XLA:CPU
+# splits the sum of a dot over 512 or more terms another way when the process has 8 host devices
+# (`x.T @ g` with x [512, 784] differs in its last bits between 1 and 8 forced devices; at 256 terms
+# it does not), so a run whose regulariser takes importances over batches of 512 (EWC, MAS) agrees
+# across device counts to float rounding only (README, "Versions and guarantees"). Training batches
+# of 128 are not affected.
+BITWISE_ACROSS_DEVICE_COUNTS = jax.__version_info__ < (0, 11)
 
 
 def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int = 300) -> dict:
@@ -365,10 +374,36 @@ def _population_run(workdir, devices):
   )
 
 
+def _assert_same_across_device_counts(a, b):
+  """Bitwise, final state and metrics.csv, where the stack promises it; else to float rounding."""
+  if BITWISE_ACROSS_DEVICE_COUNTS:
+    sa, sb = _final_state(a), _final_state(b)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+      np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
+    assert (a / "metrics.csv").read_text() == (b / "metrics.csv").read_text()
+    return
+  _assert_same_run(a, b, atol=1e-6)
+  ra, rb = (list(csv.DictReader((d / "metrics.csv").open())) for d in (a, b))
+  assert len(ra) == len(rb) and [r.keys() for r in ra] == [r.keys() for r in rb]
+  for x, y in zip(ra, rb):
+    for field in x:
+      if field in ("member", "seed", "task", "epoch") or field.startswith("regularizer."):
+        assert x[field] == y[field], (field, x, y)
+      elif "accuracy" in field:  # to a few test examples, as _assert_same_run's accuracy matrices
+        assert float(x[field]) == pytest.approx(float(y[field]), abs=2e-3), (field, x, y)
+      else:  # the loss, dead fraction, active units, mean λ: the last digits move
+        assert float(x[field]) == pytest.approx(float(y[field]), rel=1e-5, abs=1e-7), (field, x, y)
+
+
 @pytest.mark.slow
+@pytest.mark.every_stack
 def test_a_population_sharded_on_8_devices_equals_one_device_and_resumes_there(tmp_path):
+  """EWC λ 1, 300, 3000 on 8 devices and on 1; then the 8-device run cut back to its task-2
+  checkpoint and finished on 1 device: bitwise the uninterrupted 8-device run on the pinned stack
+  (BITWISE_ACROSS_DEVICE_COUNTS), to float rounding on JAX 0.11+."""
   _finish(_population_run(tmp_path / "eight", 8), _population_run(tmp_path / "one", 1))
-  _assert_same_run(tmp_path / "eight", tmp_path / "one")
+  _assert_same_across_device_counts(tmp_path / "eight", tmp_path / "one")
   members = json.loads((tmp_path / "eight" / "results.json").read_text())["population"]
   assert [m["values"]["regularizer.strength"] for m in members] == [1.0, 300.0, 3000.0]
   # Cut the 8-device run back to its task-2 checkpoint and finish it on one device.
@@ -381,5 +416,4 @@ def test_a_population_sharded_on_8_devices_equals_one_device_and_resumes_there(t
   resumed = _population_run(run, 1)
   _, err = resumed.communicate(timeout=600)
   assert resumed.returncode == 0 and "resuming from" in err, err[-3000:]
-  _assert_same_run(run, tmp_path / "eight")
-  assert (run / "metrics.csv").read_text() == (tmp_path / "eight" / "metrics.csv").read_text()
+  _assert_same_across_device_counts(run, tmp_path / "eight")

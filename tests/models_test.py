@@ -2,7 +2,7 @@
 
 Parameter counts are checked against hand arithmetic, the init against the
 PyTorch nn.Linear distribution, and `forward` against a float64 numpy
-re-implementation of paper Eq. 4 / Eq. 8 (sort-based threshold).
+re-implementation of paper Eq. 4 / Eq. 12 (App. B.3's GABA switch; sort-based threshold).
 """
 
 import functools
@@ -30,7 +30,7 @@ def _np_kth_largest(a, k):
 
 
 def _np_sdm_hidden(params, x, k, lam=1.0, inhibition="subtract"):
-  """Float64 reference of the SDMLP hidden layer (Alg. 1 + Eq. 4 / Eq. 8)."""
+  """Float64 reference of the SDMLP hidden layer (Alg. 1 + Eq. 4 / Eq. 12)."""
   x = np.maximum(np.asarray(x, np.float64), 0.0)
   x = x / np.linalg.norm(x, axis=-1, keepdims=True)
   a = np.maximum(x @ params["hidden"]["kernel"], 0.0)

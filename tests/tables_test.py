@@ -3,6 +3,7 @@
 import json
 import time
 
+import numpy as np
 import pytest
 
 from experiments import tables
@@ -20,7 +21,7 @@ def _configs():
 
 
 @pytest.mark.slow
-def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
+def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch, saved_figures):
   configs = _configs()
   results = tables.run_rows(configs, tmp_path, title="T", command="cmd", filename="t.md")
   text = (tmp_path / "t.md").read_text()
@@ -35,7 +36,14 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch):
   assert fly_cells[14] == "–"  # the FlyModel has no dead-unit fraction
   dead = [s["dead_fraction"] for s in results["sdmlp"]["per_seed"]]
   assert 0.0 <= min(dead) and max(dead) <= 1.0
-  assert (tmp_path / "t.png").stat().st_size > 10_000  # the figure beside the table
+  # The figure beside the table: each row's final accuracy (mean over seeds) with the paper's value
+  # as a tick; a curve during training for the SDMLP only (the FlyModel is one pass).
+  curves_ax, bars_ax = saved_figures["t.png"].axes
+  means = [np.mean([s["final_accuracy"] for s in results[row]["per_seed"]]) for row in ("flymodel", "sdmlp")]
+  np.testing.assert_allclose([bar.get_width() for bar in bars_ax.patches], means)
+  paper = next(c for c in bars_ax.collections if c.get_label() == "paper").get_offsets()
+  np.testing.assert_allclose(paper, [[0.77, 0], [configs["sdmlp"].paper_final_accuracy, 1]])
+  assert [line.get_label() for line in curves_ax.lines if not line.get_label().startswith("_")] == ["sdmlp"]
   header = text.splitlines()[2]  # date, then the machine the results name, once
   assert header.startswith(time.strftime("%Y-%m-%d") + ", " + results["sdmlp"]["machine"] + ". ")
 

@@ -1,0 +1,167 @@
+"""The SDM layer as a Flax NNX module, for any network: `SDM`, its counters `GabaCounts`, and the
+projection for the SDM layers a model holds.
+
+Synopsis::
+
+    class Net(nnx.Module):
+      def __init__(self, rngs):
+        self.conv = nnx.Conv(1, 16, (3, 3), rngs=rngs)
+        self.sdm = nnx_layer.SDM(16 * 28 * 28, 1000, k=10, switch_epochs=5, dataset_size=60_000, rngs=rngs)
+        self.out = nnx.Linear(1000, 10, use_bias=False, rngs=rngs)
+      def __call__(self, x):
+        return self.out(self.sdm(nnx.relu(self.conv(x))))
+
+    net = Net(nnx.Rngs(0))
+    tx = optax.chain(optax.sgd(0.05), nnx_layer.projection(net))   # unit-norm addresses, >= 0
+    optimizer = nnx.Optimizer(net, tx, wrt=nnx.Param)                # the counters are not Params
+    # in an nnx.jit step: loss, grads = nnx.value_and_grad(loss_fn)(net); optimizer.update(net, grads)
+    # the forward pass in training mode advanced net.sdm.counts; net.eval() freezes them.
+
+`SDM.__call__` is `sdm_layer.apply` (one implementation with the built-in SDMLP of
+`sdm_jax.models`); see `sdm_layer` for the equations (Eq. 4, App. B.3's Eq. 12).
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import optax
+
+from sdm_jax import layers, optim, sdm_layer
+
+
+class GabaCounts(nnx.Variable):
+  """C_i of Eq. 12: how many examples each neuron fired for in training. Module state, not an
+  `nnx.Param`: an optimiser over `wrt=nnx.Param` never sees it; checkpoints and `nnx.state` do."""
+
+
+class SDM(nnx.Module):
+  """An SDM layer: a* = Top-K([X_a^T x]_+) with the GABA switch, no bias (paper Eq. 3-4, App. B.3).
+
+  Args:
+    in_features: features per example (inputs [batch, ...] are flattened to [batch, in_features]).
+    neurons: r, the number of neurons; the output is a* [batch, neurons].
+    k: k_target, the number of neurons left active per example (1 <= k < neurons).
+    k_schedule: "gaba" (App. B.3, Eq. 12: a*_i = [a_i - λ_i I]_+, I the (k+1)-th largest
+      activation, λ_i = clip(-1 + 2 C_i / T, -1, 1): every neuron is excited, then inhibited as it
+      fires), "linear" (Eq. 4: k anneals from k_max to k over k_transition_epochs; pass `epoch=`),
+      or "flat" (k from the start).
+    inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
+      Table 2). The GABA switch always subtracts.
+    switch_activations: T of Eq. 12 as a firing count, or
+    switch_epochs, dataset_size: T = switch_epochs x dataset_size: a neuron that fires for every
+      example reaches λ = 0 at switch_epochs / 2 and +1 (full Top-K) at switch_epochs. One of the
+      two is needed by "gaba"; the paper's ConvSDM has T = 10 epochs of CIFAR-10.
+    k_max, k_transition_epochs: the linear schedule's start (default: neurons) and length s (Eq. 4).
+    positive: ReLU the input, and keep weights >= 0 (`projection`); Dale's principle, App. A.5.
+    l2_norm: unit L2 norm per input example, and unit-norm addresses (`projection`); App. A.5.
+    bias: add a bias (an ablation; SDM has none).
+    threshold_method: see `layers.kth_largest` (all exact).
+    rngs: `nnx.Rngs`; the kernel [in_features, neurons] is PyTorch's nn.Linear init, projected.
+
+  Bad arguments raise ValueError naming the argument, at construction; an input with the wrong
+  number of features raises at the call (while tracing, before anything is compiled).
+
+  Training mode (the default, `model.train()`) advances `counts`; evaluation mode (`model.eval()`,
+  which sets `deterministic=True`) leaves them frozen.
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    neurons: int,
+    *,
+    k: int = 10,
+    k_schedule: str = "gaba",
+    inhibition: str = "subtract",
+    switch_activations: float | None = None,
+    switch_epochs: float | None = None,
+    dataset_size: int | None = None,
+    k_max: int | None = None,
+    k_transition_epochs: int = 200,
+    positive: bool = True,
+    l2_norm: bool = True,
+    bias: bool = False,
+    threshold_method: str = "auto",
+    rngs: nnx.Rngs,
+  ):
+    if k_schedule == "none":
+      raise ValueError("k_schedule must be 'gaba', 'linear' or 'flat' (for a ReLU layer use nnx.Linear)")
+    self.spec = sdm_layer.SDMSpec(
+      neurons=neurons,
+      k=k,
+      k_schedule=k_schedule,
+      inhibition=inhibition,
+      switch_activations=_switch(k_schedule, switch_activations, switch_epochs, dataset_size),
+      k_max=k_max,
+      k_transition_epochs=k_transition_epochs,
+      positive=positive,
+      l2_norm=l2_norm,
+      bias=bias,
+      threshold_method=threshold_method,
+    )
+    params = sdm_layer.init(rngs.params(), in_features, self.spec)
+    self.in_features = in_features
+    self.kernel = nnx.Param(params["kernel"])
+    if bias:
+      self.bias = nnx.Param(params["bias"])
+    self.counts = GabaCounts(sdm_layer.init_counts(self.spec))
+    self.deterministic = False
+
+  def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
+    """a* [batch, neurons] of x [batch, ...]; `epoch` (global, may be traced) only for "linear"."""
+    params = {"kernel": self.kernel[...]}
+    if self.spec.bias:
+      params["bias"] = self.bias[...]
+    a_star, counts = sdm_layer.apply(
+      params, self.counts[...], x, spec=self.spec, epoch=epoch, train=not self.deterministic
+    )
+    if not self.deterministic:
+      self.counts[...] = counts
+    return a_star
+
+  def gaba_lambda(self) -> jax.Array:
+    """λ_i of Eq. 12 [neurons]: -1 (excited) to +1 (inhibited); meaningful for "gaba"."""
+    return layers.gaba_lambda(self.counts[...], self.spec.switch_activations)
+
+
+def _switch(schedule, activations, epochs, dataset_size) -> float:
+  """T of Eq. 12 from the arguments; ValueError naming them when they conflict or are missing."""
+  if epochs is not None or dataset_size is not None:
+    if activations is not None:
+      raise ValueError("give switch_activations or switch_epochs with dataset_size, not both")
+    if epochs is None or dataset_size is None:
+      raise ValueError("switch_epochs and dataset_size go together (T = switch_epochs x dataset_size)")
+    return sdm_layer.switch_from_epochs(epochs, dataset_size)
+  if activations is None:
+    if schedule == "gaba":
+      raise ValueError(
+        "k_schedule='gaba' needs T: switch_activations=T, or switch_epochs=E with dataset_size=N (T = E x N)"
+      )
+    return sdm_layer.SDMSpec.switch_activations  # unused by "linear" and "flat"
+  return activations
+
+
+def sdm_paths(model: nnx.Module) -> list[tuple[str, ...]]:
+  """The paths of the `SDM` modules in `model` (e.g. [('sdm',)]), as `optim.sdm_projection` takes them."""
+  return [tuple(str(p) for p in path) for path, module in nnx.iter_modules(model) if isinstance(module, SDM)]
+
+
+def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransformation:
+  """`optim.sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and
+  `l2_norm`; put it last in the optax chain. `nonnegative`: paths of other parameters to clamp >= 0
+  (the value layer X_v of a positive SDM, e.g. "out"). Raises ValueError if `model` has no SDM."""
+  groups: dict[tuple[bool, bool], list] = {}
+  for path, module in nnx.iter_modules(model):
+    if isinstance(module, SDM):
+      groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(tuple(str(p) for p in path))
+  if not groups:
+    raise ValueError("model: no nnx_layer.SDM module in it")
+  parts = [
+    optim.sdm_projection(paths, positive=positive, normalize=l2_norm)
+    for (positive, l2_norm), paths in groups.items()
+    if positive or l2_norm
+  ]
+  if nonnegative is not None:
+    parts.append(optim.sdm_projection(nonnegative=nonnegative))
+  return optax.chain(*parts) if parts else optax.identity()

@@ -1,0 +1,278 @@
+"""The SDM layer as a frozen spec and pure functions: addresses, Top-K with the GABA switch, counters.
+
+Synopsis::
+
+    spec = sdm_layer.SDMSpec(neurons=1000, k=10, switch_activations=sdm_layer.switch_from_epochs(5, 60_000))
+    params = sdm_layer.init(jax.random.key(0), in_features=784, spec=spec)   # {'kernel': [784, 1000]}
+    counts = sdm_layer.init_counts(spec)                                     # C_i, float32 [1000]
+    a_star, counts = sdm_layer.apply(params, counts, x, spec=spec)           # training: counts advance
+    a_star, _ = sdm_layer.apply(params, counts, x, spec=spec, train=False)   # evaluation: frozen
+    params = sdm_layer.project(params, spec)                                 # after every optimiser step
+
+The layer of the paper (Eq. 3-4 and App. B.3), for any network:
+
+- input processing (Alg. 1): ReLU (``positive``), then unit L2 norm per example (``l2_norm``);
+- addresses X_a, the columns of ``kernel`` [in_features, neurons] (Flax's [in, out] layout), with
+  no bias (``bias=False``; App. A.5 item 3);
+- a = [X_a^T x]_+ and the Top-K inhibition of Eq. 4: I = the (k+1)-th largest of a,
+  a* = [a - I]_+ (``inhibition="subtract"``), or keep the raw top k (``"mask"``, Table 2);
+- the k schedule: ``"flat"`` (k from the start), ``"linear"`` (Eq. 4: k_t = max(k, floor(k_max -
+  E_t (k_max - k) / s)), per epoch E_t), or ``"gaba"`` (the GABA switch, App. B.3,
+  ``\\label{eq:GabaSwitch}``, Eq. 12 counting the source's numbered equations;
+  not Eq. 8, which is App. A's linear weighting w_Linear):
+  a*_i = [a_i - λ_i I]_+, λ_i = clip(-1 + 2 C_i / T, -1, 1), C_i = how many examples neuron i has
+  fired for). ``"none"`` is a plain ReLU layer (the baselines' hidden layer);
+- the constraint (App. A.5 items 2-4; `project`): weights >= 0 (``positive``) and unit-norm
+  addresses (``l2_norm``), applied at init and after every optimiser step.
+
+The counters C are state, not parameters: `apply` returns them advanced by the examples each neuron
+fired for (training) or unchanged (``train=False``); the optimiser never sees them.
+``sdm_jax.models`` builds the SDMLP, its Table 2 ablations and the baselines' hidden layer from
+these functions, and ``sdm_jax.nnx_layer.SDM`` wraps them as a Flax NNX module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sdm_jax import layers
+
+K_SCHEDULES = ("gaba", "linear", "flat", "none")
+INHIBITIONS = ("subtract", "mask")
+
+
+def _check_count(name: str, value, low: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_positive(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SDMSpec:
+  """Static description of one SDM layer (frozen, hashable: bind it with `functools.partial`).
+
+  Attributes:
+    neurons: r, the number of neurons (columns of the address kernel).
+    k: k_target of Eq. 4 / Eq. 12, 1 <= k < neurons (unused by ``k_schedule="none"``).
+    k_schedule: "gaba" (App. B.3, Eq. 12: per-neuron λ_i driven by the counters), "linear" (Eq. 4:
+      k anneals from k_max to k over k_transition_epochs), "flat" (k from the start), "none" (ReLU).
+    inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
+      Table 2's "Linear Mask"). The GABA switch always subtracts (Eq. 12).
+    switch_activations: T (the paper's s in Eq. 12): how many firings take a neuron from excited
+      (λ = -1) to inhibited (λ = +1). `switch_from_epochs` gives T in epochs of a dataset.
+    k_max: start of the linear schedule; None means `neurons` (the reference's default).
+    k_transition_epochs: s of Eq. 4, the epochs the linear schedule takes.
+    positive: ReLU the input and keep every weight >= 0 (Dale's principle, App. A.5 item 4).
+    l2_norm: unit L2 norm of each input and of each neuron's address (App. A.5 item 2).
+    bias: add a bias to the activations (the ablation "hidden bias"; SDM has none).
+    threshold_method: how I is found; see `layers.kth_largest` (every method is exact).
+  """
+
+  neurons: int
+  k: int = 10
+  k_schedule: str = "gaba"
+  inhibition: str = "subtract"
+  switch_activations: float = 5_000_000.0
+  k_max: int | None = None
+  k_transition_epochs: int = 200
+  positive: bool = True
+  l2_norm: bool = True
+  bias: bool = False
+  threshold_method: str = "auto"
+
+  def __post_init__(self):
+    _check_count("neurons", self.neurons, 1)
+    if self.k_schedule not in K_SCHEDULES:
+      raise ValueError(f"k_schedule must be one of {K_SCHEDULES}, got {self.k_schedule!r}")
+    if self.inhibition not in INHIBITIONS:
+      raise ValueError(f"inhibition must be one of {INHIBITIONS}, got {self.inhibition!r}")
+    if self.threshold_method not in layers.THRESHOLD_METHODS:
+      raise ValueError(f"threshold_method must be one of {layers.THRESHOLD_METHODS}, got {self.threshold_method!r}")
+    if self.k_schedule == "none":
+      return
+    _check_count("k", self.k, 1)
+    if self.k >= self.neurons:
+      raise ValueError(
+        f"k must be < neurons (the threshold is the (k+1)-th largest), got k={self.k}, neurons={self.neurons}"
+      )
+    _check_positive("switch_activations", self.switch_activations)
+    if self.k_schedule == "linear":
+      _check_count("k_transition_epochs", self.k_transition_epochs, 1)
+      if self.k_max is not None:
+        _check_count("k_max", self.k_max, self.k)
+
+  @property
+  def uses_topk(self) -> bool:
+    return self.k_schedule != "none"
+
+  @property
+  def constrained(self) -> bool:
+    return self.positive or self.l2_norm
+
+
+def switch_from_epochs(epochs: float, dataset_size: int) -> float:
+  """T of Eq. 12 from epochs: T = epochs x dataset_size.
+
+  A neuron that fires for every example (all do while λ < 0, which excites them) reaches λ = 0
+  after epochs / 2 and λ = +1 (full Top-K) after `epochs`. The paper's ConvSDM T = 500K on
+  CIFAR-10's 50K images is epochs = 10 ("the GABA switch occurs around epoch 10", App. Optimized
+  Top-K); the reference's Split MNIST T = 5M is epochs ~ 395 of the first task.
+  """
+  _check_positive("switch_epochs", epochs)
+  _check_count("dataset_size", dataset_size, 1)
+  return float(epochs) * float(dataset_size)
+
+
+def torch_linear_init(key, fan_in: int, fan_out: int, bias: bool) -> dict:
+  """PyTorch nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for kernel [fan_in, fan_out] and bias."""
+  bound = 1.0 / math.sqrt(fan_in)
+  kernel_key, bias_key = jax.random.split(key)
+  layer = {"kernel": jax.random.uniform(kernel_key, (fan_in, fan_out), jnp.float32, -bound, bound)}
+  if bias:
+    layer["bias"] = jax.random.uniform(bias_key, (fan_out,), jnp.float32, -bound, bound)
+  return layer
+
+
+def init(key, in_features: int, spec: SDMSpec) -> dict:
+  """`{'kernel': [in_features, neurons]}` (+ 'bias'): PyTorch's default init, then `project`, as the
+  authors' `on_fit_start` (TrentBrick/SDMContinualLearner, models/Base_Model.py)."""
+  _check_count("in_features", in_features, 1)
+  return project(torch_linear_init(key, in_features, spec.neurons, spec.bias), spec)
+
+
+def init_counts(spec: SDMSpec) -> jax.Array:
+  """The GABA counters C (Eq. 12), zero: float32 [neurons]."""
+  return jnp.zeros((spec.neurons,), jnp.float32)
+
+
+def project(params: dict, spec: SDMSpec) -> dict:
+  """The SDM constraint on one layer: every weight >= 0 (``positive``), then unit-norm addresses
+  (``l2_norm``; the columns of the kernel, one per neuron). App. A.5 items 2-4; the authors'
+  `check_enforce_pos_and_l2_norm_weights` (models/Base_Model.py). An all-zero column stays zero."""
+  if spec.positive:
+    params = jax.tree.map(jax.nn.relu, params)
+  if spec.l2_norm:
+    params = {**params, "kernel": layers.l2_normalize(params["kernel"], axis=0)}
+  return params
+
+
+def k_in_force(spec: SDMSpec, epoch=None):
+  """k at global epoch `epoch`: Eq. 4's linear schedule (traced int32) for "linear", else spec.k (an int).
+
+  A fixed k stays a Python int: the threshold's static rank bound depends on it (`threshold_bound`).
+  """
+  if spec.k_schedule != "linear":
+    return spec.k
+  if epoch is None:
+    raise ValueError("epoch must be given for k_schedule='linear' (Eq. 4 anneals k per epoch)")
+  k_max = spec.neurons if spec.k_max is None else spec.k_max
+  return layers.linear_k(epoch, k_max=k_max, k_target=spec.k, transition_epochs=spec.k_transition_epochs)
+
+
+def threshold_bound(spec: SDMSpec) -> int | None:
+  """Static bound on the rank the threshold needs: k+1 (subtract, GABA) or k (mask); None while k anneals."""
+  if spec.k_schedule == "linear":
+    return None
+  return spec.k + (1 if spec.inhibition == "subtract" or spec.k_schedule == "gaba" else 0)
+
+
+def _check_fixed_k(spec: SDMSpec, k) -> None:
+  """A fixed-k schedule refuses a different or traced k instead of ignoring it."""
+  if k is None:
+    return
+  if isinstance(k, jax.core.Tracer):
+    raise ValueError(
+      f"k is fixed by spec.k={spec.k} under the {spec.k_schedule!r} schedule, but a traced k was given; "
+      "pass no k (or build a spec with the k you want)"
+    )
+  if int(k) != spec.k:
+    raise ValueError(
+      f"k={int(k)} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; build a spec with that k instead"
+    )
+
+
+def _check_input(params: dict, x: jax.Array) -> None:
+  n_in = params["kernel"].shape[0]
+  features = math.prod(x.shape[1:]) if x.ndim > 1 else None
+  if features != n_in:
+    raise ValueError(
+      f"x must be [batch, ...] with {n_in} features per example (the kernel's in_features), got shape {x.shape}"
+    )
+
+
+def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: jax.Array | None = None) -> jax.Array:
+  """a* of Eq. 4 / Eq. 12 (or the plain ReLU for "none"), [batch, neurons].
+
+  Args:
+    params: `{'kernel': [in, neurons]}` (+ 'bias').
+    x: [batch, ...], flattened to [batch, in].
+    spec: the layer.
+    k: the linear schedule's k (traced; `k_in_force`); for fixed-k schedules None or spec.k.
+    counts: the GABA counters C [neurons] (needed by "gaba").
+  """
+  _check_input(params, x)
+  x = layers.sdm_input(x, positive=spec.positive, normalize=spec.l2_norm)
+  a = x @ params["kernel"]
+  if spec.bias:
+    a = a + params["bias"]
+  a = jax.nn.relu(a)
+  if not spec.uses_topk:
+    return a
+  if spec.k_schedule == "linear":
+    k = k_in_force(spec, 0) if k is None else k
+  else:
+    _check_fixed_k(spec, k)
+    k = spec.k
+  bound = threshold_bound(spec)
+  method = spec.threshold_method
+  if spec.k_schedule == "gaba":
+    if counts is None:
+      raise ValueError("the GABA switch needs gaba_counts (per-neuron firing counters)")
+    threshold = layers.kth_largest(a, k + 1, method=method, k_bound=bound)
+    return layers.topk_subtract(a, threshold, layers.gaba_lambda(counts, spec.switch_activations))
+  if spec.inhibition == "subtract":
+    return layers.topk_subtract(a, layers.kth_largest(a, k + 1, method=method, k_bound=bound))
+  return layers.topk_mask(a, layers.kth_largest(a, k, method=method, k_bound=bound))
+
+
+def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+  """C + the examples each neuron fired for (a*_i > 0), over the `valid` examples (Eq. 12's C_i).
+
+  The reference counts every forward pass of training, per example (GABA_SWITCH_ACT_BIN,
+  TrentBrick/SDMContinualLearner models/TopK_Act.py).
+  """
+  fired = (a_star > 0).astype(jnp.float32)
+  if valid is not None:
+    fired = fired * valid.astype(jnp.float32)[:, None]
+  return counts + jax.lax.stop_gradient(fired.sum(0))
+
+
+def apply(
+  params: dict, counts: jax.Array, x: jax.Array, *, spec: SDMSpec, epoch=None, train: bool = True
+) -> tuple[jax.Array, jax.Array]:
+  """(a* [batch, neurons], the new counters): the layer's forward pass.
+
+  In training (``train=True``) the GABA counters advance by `count_fired`; in evaluation they are
+  returned unchanged. `epoch` (global, may be traced) drives the linear k schedule (Eq. 4).
+  Under the data-parallel `jax.sharding` of a batch, the count is a sum over the whole batch.
+  """
+  a_star = activations(
+    params, x, spec=spec, k=k_in_force(spec, epoch) if spec.k_schedule == "linear" else None, counts=counts
+  )
+  if train and spec.k_schedule == "gaba":
+    counts = count_fired(counts, a_star)
+  return a_star, counts
+
+
+def dead_fraction(a_star: jax.Array) -> jax.Array:
+  """Fraction of neurons inactive (a* = 0) for every example of `a_star` [batch, neurons] (the
+  paper's "dead neurons" for a validation set, App. Optimized Top-K, Fig. TrainingConvSDM b)."""
+  return jnp.mean(jnp.all(a_star <= 0, axis=0))
