@@ -18,6 +18,7 @@ import functools
 import json
 import pathlib
 import platform
+import sys
 import time
 
 from absl import app, flags, logging
@@ -28,6 +29,8 @@ import numpy as np
 
 from experiments import train_convmixer
 from sdm_jax import checkpoint, convmixer, sdm_layer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def head_names(c: ml_collections.ConfigDict) -> list[str]:
@@ -232,7 +235,11 @@ def _define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  run_sweep(flags.FLAGS.config, flags.FLAGS.workdir)
+  try:
+    run_sweep(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (ValueError, OSError) as e:  # a bad config, missing data, a workdir fault: the message says it
+    logging.debug("the traceback of the error below", exc_info=True)
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

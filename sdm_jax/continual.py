@@ -247,7 +247,7 @@ def make_engine(
   return Engine(
     spec=spec,
     train_block=block(regularizer=regularizer),
-    sparse_block=block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
+    sparse_block=block(regularizer=regularizer, sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
     sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
     end_task=end_task,
     evaluate=train.make_evaluate(spec=spec, **shared),

@@ -5,7 +5,7 @@ that check them at full size:
 - a run killed with SIGKILL resumes to bitwise the same result (slow: checkpoint_test.py);
 - a population equals its members run one by one (slow: driver_test.py, mesh_test.py);
 - a refused run writes nothing (slow: driver_test.py's refused reruns);
-- the committed quick results are what the code computes (a committed `tiny` row, recomputed).
+- the committed quick results are what the code computes (a committed short SDMLP run, recomputed).
 
 The sparse step equals the dense one: tests/sparse_test.py.
 
@@ -222,6 +222,34 @@ def test_a_population_equals_its_members_run_one_by_one(tmp_path):
   assert np.abs(members.params["output"]["kernel"][0] - members.params["output"]["kernel"][1]).max() > 1e-3
 
 
+# ------------------------------------------------------------------ the sparse step through the engine
+
+
+@pytest.mark.parametrize("variant", ["sdmlp", "sdmlp_ewc"])
+def test_the_engine_with_the_sparse_step_equals_the_dense_run(tmp_path, caplog, variant):
+  """The driver's run with train_step 'auto' (the sparse step once few units fire) against 'dense':
+  the same final parameters to float rounding, with and without a regulariser. (tests/sparse_test.py
+  checks the step itself; this checks what the engine hands it.)
+
+  Broken on purpose, it fails: an engine whose sparse block leaves out the run's regulariser (as
+  `continual.make_engine` did from 07cf1d3 to 892b3a3: SDMLP+EWC's sparse blocks trained without
+  the EWC penalty, 0.446 instead of 0.586 on the quick size)."""
+  data_file = _embedding_file(tmp_path / "data.npz")
+  overrides = {"model.gaba_switch_epochs": 0.5, "epochs_per_task": 3, "regularizer.strength": 1e6}
+  if variant == "sdmlp":
+    del overrides["regularizer.strength"]
+  runs = {}
+  for step in ("auto", "dense"):
+    caplog.clear()
+    driver.train_and_evaluate(_config(variant, data_file, train_step=step, **overrides), tmp_path / step)
+    assert ("continuing with the sparse SGD step" in caplog.text) == (step == "auto")
+    runs[step] = _final_state(tmp_path / step)
+  numeric = [name for name, a in runs["dense"].items() if a.dtype.kind in "fiub"]
+  assert {"params/hidden/kernel", "gaba_counts"} <= set(numeric), numeric
+  for name in numeric:
+    np.testing.assert_allclose(runs["auto"][name], runs["dense"][name], atol=1e-5, err_msg=name)
+
+
 # ------------------------------------------------------------------ a refused run writes nothing
 
 
@@ -254,7 +282,7 @@ def test_a_refused_run_leaves_the_workdir_byte_for_byte(tmp_path):
 @pytest.mark.slow
 def test_the_committed_quick_row_is_what_the_code_computes(tmp_path):
   """`experiments/results/split_mnist_quick/tiny_check.json`: the SDMLP row of the committed quick
-  table recomputed at `tiny` size (2 epochs per task, seed 0) when the table was made. A change that
+  table recomputed at a tiny size (6 epochs per task, seed 0; `tiny_check.py` beside it) when the table was made. A change that
   moves the numbers (the sparse step's summation order did, at 2a33c3f) fails here: rerun the
   quick rows and this file together (the command is in the file).
 

@@ -55,7 +55,7 @@ def test_bad_config_names_the_field(field, value, match):
 
 
 @pytest.mark.slow
-def test_tiny_sweep_records_every_epoch_and_resumes(tmp_path):
+def test_tiny_sweep_records_every_epoch_and_resumes(tmp_path, saved_figures):
   tfds = pytest.importorskip("tensorflow_datasets")
   pytest.importorskip("matplotlib")
   with tfds.testing.mock_data(num_examples=32):
@@ -67,6 +67,26 @@ def test_tiny_sweep_records_every_epoch_and_resumes(tmp_path):
       assert all(0.0 <= r["val_dead_fraction"] <= 1.0 and 0.0 <= r["val_accuracy"] <= 1.0 for r in history)
     assert summary["runs"]["relu"]["history"][0]["val_mean_lambda"] is None
     assert -1.0 <= summary["runs"]["3"]["history"][-1]["val_mean_lambda"] <= 1.0
-    assert (tmp_path / "conv_sdm.png").stat().st_size > 0
+    # The figure plots each head's validation accuracy, dead fraction and active units per epoch.
+    axes = saved_figures["conv_sdm.png"].axes
+    for ax, field in zip(axes, ("val_accuracy", "val_dead_fraction", "val_active_per_example")):
+      lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+      assert set(lines) == {"ReLU", "SDM k=3"}
+      for name, label in (("relu", "ReLU"), ("3", "SDM k=3")):
+        history = summary["runs"][name]["history"]
+        assert list(lines[label].get_xdata()) == [1, 2]
+        assert list(lines[label].get_ydata()) == [r[field] for r in history]
     again = conv_sdm.run_sweep(tiny_config(), tmp_path)  # finished heads are read back, not rerun
   assert again["runs"] == summary["runs"]
+
+
+def test_a_missing_dataset_is_one_line_without_a_traceback(tmp_path):
+  import subprocess
+  import sys
+
+  command = [sys.executable, "-m", "experiments.conv_sdm", "--config=experiments/configs/conv_sdm.py:tiny"]
+  command += [f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path}"]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=conv_sdm.ROOT)
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+  assert done.stderr.startswith("error: Cannot find CIFAR-10-images-jpeg.tar.gz"), done.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
