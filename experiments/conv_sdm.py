@@ -177,7 +177,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
       ax.axvline(switch / 2, color="gray", lw=0.8, ls=":")
       ax.axvline(switch, color="gray", lw=0.8, ls="-.")
   axes[0].set_ylabel("validation accuracy")
-  axes[1].set_ylabel("fraction of neurons inactive for every validation image")
+  axes[1].set_ylabel("dead: fraction inactive for every val. image")
   axes[2].set_ylabel("active neurons per validation image")
   axes[2].set_yscale("log")
   axes[0].legend()
