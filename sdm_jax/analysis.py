@@ -388,7 +388,13 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
 
   fn = _hidden_fn(spec)
   counts = jnp.zeros((spec.neurons,), jnp.float32) if gaba_counts is None else jnp.asarray(gaba_counts)
-  k = models.current_k(spec, jnp.asarray(1 << 30 if epoch is None else epoch, jnp.int32))
+  # Only the linear schedule's k moves (traced, Eq. 4); a fixed k comes from the spec (the layer
+  # refuses a traced k there rather than ignore it).
+  k = (
+    models.current_k(spec, jnp.asarray(1 << 30 if epoch is None else epoch, jnp.int32))
+    if spec.k_schedule == "linear"
+    else None
+  )
   params = {name: {n: jnp.asarray(v) for n, v in layer.items()} for name, layer in params.items()}
   x = np.asarray(x).reshape(len(x), -1)
   for start in range(0, len(x), batch_size):
