@@ -263,10 +263,18 @@ def topk_mask(a: jax.Array, kth_value: jax.Array) -> jax.Array:
 
 
 def linear_k(epoch, *, k_max: int, k_target: int, transition_epochs: int) -> jax.Array:
-  """Eq. 4: k_t = max(k_target, floor(k_max - E_t (k_max - k_target) / s)), per epoch."""
-  epoch = jnp.asarray(epoch, jnp.float32)
-  k = jnp.floor(k_max - epoch * (k_max - k_target) / transition_epochs)
-  return jnp.clip(k, k_target, k_max).astype(jnp.int32)
+  """Eq. 4: k_t = max(k_target, floor(k_max - E_t (k_max - k_target) / s)), per epoch.
+
+  In integers, as k_max - ceil(E_t (k_max - k_target) / s): exact on every backend and release.
+  (In float32, XLA 0.12 turns the division by the constant s into a product with its rounded
+  reciprocal, and floor(9 - 5·7·0.142857149) = 3 where Eq. 4 gives 4.)
+  """
+  if transition_epochs <= 0:
+    return jnp.asarray(k_target, jnp.int32)
+  # E_t beyond s leaves k at k_target; clipping first also keeps E_t (k_max - k_target) in int32.
+  epoch = jnp.clip(jnp.asarray(epoch).astype(jnp.int32), 0, transition_epochs)
+  drop = -((-epoch * (k_max - k_target)) // transition_epochs)  # ceil(E_t (k_max - k_target) / s)
+  return jnp.clip(k_max - drop, k_target, k_max).astype(jnp.int32)
 
 
 def gaba_lambda(counts: jax.Array, switch_activations: float) -> jax.Array:
