@@ -281,7 +281,11 @@ def layer_activity(sdm_layers) -> ActivityFn:
   leaves under the value path) has a nonzero gradient; those leaves get the neuron's mask (the
   value layer's own bias is per element). Every other leaf is per element (`elementwise_activity`).
   """
-  pairs = _layer_paths(sdm_layers)
+  return _pairs_activity(_layer_paths(sdm_layers))
+
+
+def _pairs_activity(pairs) -> ActivityFn:
+  """`layer_activity` of parsed (address path, value path or None) pairs."""
 
   def activity(grads):
     leaves = jax.tree_util.tree_flatten_with_path(grads)[0]
@@ -358,5 +362,5 @@ def lazy_layers(
     return paths.labels(params, {LAZY: marked}, default=DENSE)
 
   return optax.partition(
-    {LAZY: lazy(inner, activity_fn=layer_activity(pairs)), DENSE: inner if rest is None else rest}, label_fn
+    {LAZY: lazy(inner, activity_fn=_pairs_activity(pairs)), DENSE: inner if rest is None else rest}, label_fn
   )

@@ -298,6 +298,23 @@ def test_lazy_layers_freezes_silent_neurons_of_a_marked_layer_and_leaves_the_res
   assert np.all(np.asarray(updates["sdm"]["kernel"][:, active]) != 0)
 
 
+def test_lazy_layers_with_nested_paths_equals_the_same_layers_at_the_top():
+  """The layers under a common prefix ("head/sdm", "head/out"): the same updates as at the top
+  level. (The marked pairs were parsed twice, and the second parse kept only "head" of each.)"""
+  top = _cnn()
+  nested = {"conv": top["conv"], "head": {"sdm": top["sdm"], "out": top["out"]}}
+  flat_tx = lazy.lazy_layers(optax.adam(LR), ("sdm", "out"))
+  nested_tx = lazy.lazy_layers(optax.adam(LR), ("head/sdm", "head/out"))
+  s1, s2 = flat_tx.init(top), nested_tx.init(nested)
+  for seed in (1, 2, 3):
+    g = _cnn(seed, silent=SILENT if seed > 1 else ())
+    u1, s1 = flat_tx.update(g, s1, top)
+    u2, s2 = nested_tx.update({"conv": g["conv"], "head": {"sdm": g["sdm"], "out": g["out"]}}, s2, nested)
+  for name in ("sdm", "out"):
+    jax.tree.map(np.testing.assert_array_equal, u2["head"][name], u1[name])
+  np.testing.assert_array_equal(u2["head"]["out"]["kernel"][SILENT, :], 0.0)
+
+
 def test_lazy_layers_equals_lazy_on_the_sdm_layout():
   params = _params()
   ours, builtin = lazy.lazy_layers(optax.adam(LR), ("hidden", "output")), lazy.lazy(optax.adam(LR))
