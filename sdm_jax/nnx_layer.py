@@ -142,9 +142,14 @@ def _switch(schedule, activations, epochs, dataset_size) -> float:
   return activations
 
 
+def _sdm_modules(model: nnx.Module):
+  """(path, module) of every `SDM` module in `model`, the path as names."""
+  return [(tuple(str(p) for p in path), module) for path, module in nnx.iter_modules(model) if isinstance(module, SDM)]
+
+
 def sdm_paths(model: nnx.Module) -> list[tuple[str, ...]]:
   """The paths of the `SDM` modules in `model` (e.g. [('sdm',)]), as `optim.sdm_projection` takes them."""
-  return [tuple(str(p) for p in path) for path, module in nnx.iter_modules(model) if isinstance(module, SDM)]
+  return [path for path, _ in _sdm_modules(model)]
 
 
 def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransformation:
@@ -152,9 +157,8 @@ def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransfor
   `l2_norm`; put it last in the optax chain. `nonnegative`: paths of other parameters to clamp >= 0
   (the value layer X_v of a positive SDM, e.g. "out"). Raises ValueError if `model` has no SDM."""
   groups: dict[tuple[bool, bool], list] = {}
-  for path, module in nnx.iter_modules(model):
-    if isinstance(module, SDM):
-      groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(tuple(str(p) for p in path))
+  for path, module in _sdm_modules(model):
+    groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(path)
   if not groups:
     raise ValueError("model: no nnx_layer.SDM module in it")
   parts = [
