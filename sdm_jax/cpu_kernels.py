@@ -24,7 +24,8 @@ axpy of length n per active unit (1.3M multiply-adds at batch 128, k = 10, n = 7
 ReLU and the L2 normalisation of the touched rows, in place (the addresses are aliased to the
 result, so XLA passes the buffer through without a copy). `sparse_update_penalized` adds a
 regulariser's quadratic penalty (EWC, MAS, SI's penalty, L2: `regularizers.penalty`'s folded
-form), whose gradient is elementwise: only the rows it touches are read;
+form), whose gradient is elementwise: only the rows it touches are read, and a row only the
+penalty moves is read once per step (its norm share is carried from the last step's update pass);
 `sparse_update_path_integral` also accumulates SI's path integral on the rows the slots touch.
 Source: `sdm_jax/csrc/sparse_step.cc`.
 
@@ -208,21 +209,41 @@ def sparse_update(addresses, x, slots, values_sq, *, learning_rate: float, clip_
 
 
 def sparse_update_penalized(
-  addresses, x, slots, values_sq, curvature, center, rows, strength, *, learning_rate: float, clip_norm: float | None
+  addresses,
+  x,
+  slots,
+  values_sq,
+  curvature,
+  center,
+  rows,
+  strength,
+  row_stats=None,
+  *,
+  learning_rate: float,
+  clip_norm: float | None,
 ):
   """`sparse_update` with the folded quadratic penalty strength * sum A (theta - m)^2 on the addresses.
 
   curvature A and center m [..., r, n] neuron-major (`regularizers.RegState`), rows [..., r] bool
   (the rows whose A is not all zero: only they are read), strength [...] (λ, traced). The penalty's
   gradient 2 λ A (theta - m) joins the data gradient of each marked row, the global norm covers
-  both, and every row with a non-zero gradient is stepped and re-projected. Returns (new addresses,
-  step size, the penalty's value sum A (theta - m)^2 at the old addresses, without λ).
+  both, and every row with a non-zero gradient is stepped and re-projected.
+
+  `row_stats` = (stats [..., 2, r], valid [...] bool): each row's |2 λ A (theta - m)|^2 and
+  sum A (theta - m)^2 at the current addresses, as the previous call returned them (valid), or
+  anything with valid False (the kernel computes them). A row only the penalty moves then costs
+  one read of theta, A and m and one write, not two passes; the results are the same bit for bit.
+  They stay valid only while nothing else changes the addresses, A, m or λ (one block of
+  sparse steps). None: invalid.
+
+  Returns (new addresses, step size, the penalty's value sum A (theta - m)^2 at the old addresses,
+  without λ, the row statistics at the new addresses [..., 2, r]).
   """
   _check_available()
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   call = jax.ffi.ffi_call(
     "sdm_jax_sparse_update_penalized",
-    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), scalar, scalar),
+    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), scalar, scalar, _row_stats_shape(addresses)),
     input_output_aliases={0: 0},
     vmap_method="broadcast_all",
   )
@@ -235,9 +256,22 @@ def sparse_update_penalized(
     center.astype(jnp.float32),
     rows.astype(jnp.uint8),
     jnp.asarray(strength, jnp.float32),
+    *_row_stats_operands(row_stats, addresses),
     learning_rate=np.float64(learning_rate),
     clip_norm=np.float64(clip_norm or 0.0),
   )
+
+
+def _row_stats_shape(addresses) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct((*addresses.shape[:-2], 2, addresses.shape[-2]), jnp.float32)
+
+
+def _row_stats_operands(row_stats, addresses):
+  """(stats [..., 2, r] f32, valid [...] u8) for the kernel; None means not valid."""
+  if row_stats is None:
+    return jnp.zeros(_row_stats_shape(addresses).shape, jnp.float32), jnp.zeros(addresses.shape[:-2], jnp.uint8)
+  stats, valid = row_stats
+  return stats.astype(jnp.float32), jnp.asarray(valid).astype(jnp.uint8)
 
 
 def sparse_update_path_integral(
@@ -251,6 +285,7 @@ def sparse_update_path_integral(
   strength,
   w,
   si_d,
+  row_stats=None,
   *,
   learning_rate: float,
   clip_norm: float | None,
@@ -260,15 +295,16 @@ def sparse_update_path_integral(
   w [..., r, n] neuron-major (donated to the result) and si_d [..., S], the path integral's
   gradient per slot (`regularizers.si_gradient`). After the step, every row the slots touch
   gets w -= g_si * (new row - old row), `regularizers.si_accumulate` on those rows (g_si is zero
-  elsewhere). Returns (new addresses, step size, the penalty's value, new w).
+  elsewhere). `row_stats` as in `sparse_update_penalized`. Returns (new addresses, step size,
+  the penalty's value, new w, the row statistics at the new addresses).
   """
   _check_available()
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   matrix = jax.ShapeDtypeStruct(addresses.shape, jnp.float32)
   call = jax.ffi.ffi_call(
     "sdm_jax_sparse_update_path_integral",
-    (matrix, scalar, scalar, matrix),
-    input_output_aliases={0: 0, 10: 3},
+    (matrix, scalar, scalar, matrix, _row_stats_shape(addresses)),
+    input_output_aliases={0: 0, 12: 3},
     vmap_method="broadcast_all",
   )
   return call(
@@ -280,6 +316,7 @@ def sparse_update_path_integral(
     center.astype(jnp.float32),
     rows.astype(jnp.uint8),
     jnp.asarray(strength, jnp.float32),
+    *_row_stats_operands(row_stats, addresses),
     w.astype(jnp.float32),
     si_d.astype(jnp.float32),
     learning_rate=np.float64(learning_rate),

@@ -31,7 +31,10 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
      k = 10, instead of a 50M dense matmul at 1K), adds the penalty's gradient on the rows whose A
      is not zero (`cpu_kernels.sparse_update_penalized`), takes the exact global norm from those
      rows, and clips, steps, clamps and normalises them in place (the addresses buffer is aliased
-     to the result: no copy). Without a C++ compiler, or on GPU/TPU, one of the XLA paths
+     to the result: no copy). A row only the penalty moves is read and written once per step:
+     its share of the norm and of the penalty's value come from the previous step's update
+     pass (`Penalty.row_stats`, carried through the block's scan by `train_step_with_penalty`),
+     not from a second pass over θ, A and m. Without a C++ compiler, or on GPU/TPU, one of the XLA paths
      below (`SparseSGD.max_touched`);
    - small layers (slots >= r, e.g. 1K neurons): the batch's distinct neurons are gathered once;
      their gradient rows are one [touched, B] @ [B, n] matmul, whose squared sum is the exact
@@ -206,7 +209,11 @@ class Penalty(NamedTuple):
 
   address_curvature, address_center: A and m of the hidden kernel, neuron-major [r, n];
   rows: bool [r], the address rows whose A is not all zero (only they are read and moved);
-  values_curvature, values_center: A and m of the output kernel [r, classes]; offset: R.
+  values_curvature, values_center: A and m of the output kernel [r, classes]; offset: R;
+  row_stats: (stats [2, r], valid bool []) each address row's |2 λ A (θ − m)|² and A (θ − m)²
+  summed, at the current addresses, from the last step's update pass (the CPU kernel's
+  `cpu_kernels.sparse_update_penalized`; `train_step_with_penalty` carries them from step to step
+  inside a block, where only the sparse step changes the addresses); invalid at first.
   """
 
   address_curvature: jax.Array
@@ -215,6 +222,7 @@ class Penalty(NamedTuple):
   values_curvature: jax.Array
   values_center: jax.Array
   offset: jax.Array
+  row_stats: tuple[jax.Array, jax.Array]
 
 
 def penalty_of(reg_state: regularizers.RegState) -> Penalty:
@@ -228,6 +236,7 @@ def penalty_of(reg_state: regularizers.RegState) -> Penalty:
     values_curvature=reg_state.curvature["output"]["kernel"],
     values_center=reg_state.center["output"]["kernel"],
     offset=reg_state.offset,
+    row_stats=(jnp.zeros((2, curvature.shape[0]), jnp.float32), jnp.zeros((), bool)),
   )
 
 
@@ -253,8 +262,29 @@ def train_step(
   per step in buffer copies, more than the sparse step saves at 1K neurons.
   `regularizer` (its values may be traced: a population member's) with `penalty`
   (`penalty_of`): the penalty, and SI's path integral in `state.reg.w` (neuron-major,
-  `to_neuron_major_state`).
+  `to_neuron_major_state`). `train_step_with_penalty` also returns the penalty with the row
+  statistics the next step can reuse.
   """
+  state, penalty, stats = train_step_with_penalty(
+    state, penalty, x, y, valid, spec=spec, sgd=sgd, regularizer=regularizer
+  )
+  return state, stats
+
+
+def train_step_with_penalty(
+  state,
+  penalty: Penalty | None,
+  x,
+  y,
+  valid,
+  *,
+  spec: models.ModelSpec,
+  sgd: SparseSGD,
+  regularizer: regularizers.RegularizerSpec | None = None,
+):
+  """`train_step`, returning (state, penalty, stats): the penalty carries each address row's
+  statistics at the new addresses (`Penalty.row_stats`), so that the next step of the same block
+  reads θ, A and m once for the rows only the penalty moves (CPU kernel). Same results, bit for bit."""
   # Padded examples get x = 0: no unit fires for them, so they take no slot.
   x = layers.sdm_input(x) * valid[:, None].astype(jnp.float32)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions
@@ -270,10 +300,10 @@ def train_step(
     slots, total = cpu_kernels.active_units(a, lam, k=spec.k, num_slots=num_slots)
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
-  state, stats, touched_fit = _sparse_update(
+  state, stats, touched_fit, penalty = _sparse_update(
     state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty
   )
-  return state, stats + (((total <= num_slots) & touched_fit).astype(jnp.int32),)
+  return state, penalty, stats + (((total <= num_slots) & touched_fit).astype(jnp.int32),)
 
 
 def _active_units(a, lam, *, spec, num_slots):
@@ -326,7 +356,8 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   """The SGD step from the active units' slots (example, neuron, a*), each [S].
 
   Returns the new state, (loss sum, correct, activity sum [r], active count),
-  and whether the batch's distinct neurons fitted the compact path's capacity.
+  whether the batch's distinct neurons fitted the compact path's capacity, and the penalty with
+  the row statistics at the new addresses.
   """
   example, neuron, value = slots
   batch = x.shape[0]
@@ -357,7 +388,7 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   values_sq = jnp.sum(jnp.square(d_values))
 
   reg = state.reg
-  addresses, step_size, address_penalty, touched_fit, w = _update_addresses(
+  addresses, step_size, address_penalty, touched_fit, w, row_stats = _update_addresses(
     state.params["hidden"]["kernel"],
     x,
     (d, neuron, example),
@@ -387,35 +418,41 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1, reg=reg)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value)
   stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
-  return new_state, stats, touched_fit
+  if penalty is not None:
+    penalty = penalty._replace(row_stats=row_stats)
+  return new_state, stats, touched_fit, penalty
 
 
 def _update_addresses(addresses, x, slots, values_sq, *, spec, sgd, strength, penalty, si):
   """The address update on the path `sgd` picks. Returns (addresses, step size, the penalty's
-  value on the addresses (0 without one), whether the compact path's rows fitted, SI's new w)."""
+  value on the addresses (0 without one), whether the compact path's rows fitted, SI's new w,
+  the penalty's row statistics at the new addresses (`Penalty.row_stats`; None without one))."""
   update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
   if sgd.address_kernel() == "ffi":
     # Every touched row, no capacity (one axpy per slot, in place): `cpu_kernels`.
     if penalty is None:
-      return (*cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None)
+      return (*cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None, None)
     operands = (penalty.address_curvature, penalty.address_center, penalty.rows, strength)
     if si is None:
-      return (*cpu_kernels.sparse_update_penalized(addresses, x, slots, values_sq, *operands, **update), True, None)
-    addresses, step_size, value, w = cpu_kernels.sparse_update_path_integral(
-      addresses, x, slots, values_sq, *operands, *si, **update
+      addresses, step_size, value, stats = cpu_kernels.sparse_update_penalized(
+        addresses, x, slots, values_sq, *operands, penalty.row_stats, **update
+      )
+      return addresses, step_size, value, True, None, (stats, jnp.ones((), bool))
+    addresses, step_size, value, w, stats = cpu_kernels.sparse_update_path_integral(
+      addresses, x, slots, values_sq, *operands, *si, penalty.row_stats, **update
     )
-    return addresses, step_size, value, True, w
-  if penalty is not None:
+    return addresses, step_size, value, True, w, (stats, jnp.ones((), bool))
+  if penalty is not None:  # the XLA route computes the penalty on every row each step
     addresses, step_size, value, w = _update_penalized_rows(
       addresses, x, slots, values_sq, penalty, strength, si, spec=spec, sgd=sgd
     )
-    return addresses, step_size, value, True, w
+    return addresses, step_size, value, True, w, penalty.row_stats
   if touched_capacity := sgd.touched_capacity(spec, x.shape[0]):
     addresses, step_size, fit = _update_touched_rows(
       addresses, x, slots, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
     )
-    return addresses, step_size, 0.0, fit, None
-  return (*_update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd), 0.0, True, None)
+    return addresses, step_size, 0.0, fit, None, None
+  return (*_update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd), 0.0, True, None, None)
 
 
 def _clipped_step_size(grad_norm, sgd):

@@ -265,9 +265,10 @@ def train_epoch(
   The number of scanned batches is ceil(rows / batch_size) for the padded
   shape; batches past the task's true size are skipped with `lax.cond`
   (under `vmap` both branches run, and the skip is a select). With
-  `sparse_sgd`, steps are `sparse.train_step` and `state.params` must hold the
+  `sparse_sgd`, steps are `sparse.train_step_with_penalty` and `state.params` must hold the
   neuron-major hidden kernel (`train_epochs` arranges that, and passes a regulariser's
-  penalty as `penalty`, `sparse.penalty_of`). With
+  penalty as `penalty`, `sparse.penalty_of`, which the scan carries from step to step with
+  its per-row statistics). With
   `data_axis`, every device of the axis draws the same order and takes its
   contiguous slice of each batch (`batch_size` must be a multiple of the
   axis size); whether a batch is skipped depends on the whole batch, so all
@@ -284,7 +285,7 @@ def train_epoch(
   positions = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
 
   def body(carry, batch):
-    state, totals = carry
+    state, totals, penalty = carry
     idx, pos = batch
     run = pos[0] < task_size  # the batch holds valid rows (they come first)
     if data_axis is not None:
@@ -292,32 +293,35 @@ def train_epoch(
       idx, pos = (a.reshape(shards, batch_size // shards)[jax.lax.axis_index(data_axis)] for a in (idx, pos))
     valid = pos < task_size
 
-    def step(state):
+    def step(state, penalty):
       if sparse_sgd is not None:
-        return sparse.train_step(
+        # The penalty is carried: each step hands the next its row statistics (`sparse.Penalty`).
+        state, penalty, stats = sparse.train_step_with_penalty(
           state,
+          penalty,
           to_float_input(x_task[idx]),
           y_task[idx],
           valid,
           spec=spec,
           sgd=sparse_sgd,
           regularizer=member_regularizer(regularizer, state),
-          penalty=penalty,
         )
-      return train_step(
+        return state, penalty, stats
+      state, stats = train_step(
         state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
       )
+      return state, penalty, stats
 
-    def skip(state):
-      return state, zeros
+    def skip(state, penalty):
+      return state, penalty, zeros
 
-    state, stats = jax.lax.cond(run, step, skip, state)
+    state, penalty, stats = jax.lax.cond(run, step, skip, state, penalty)
     totals = jax.tree.map(jnp.add, totals, stats)
-    return (state, totals), None
+    return (state, totals, penalty), None
 
   zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()), jnp.zeros((), jnp.int32))
-  (state, (loss_sum, correct, activity, active, sparse_steps)), _ = jax.lax.scan(
-    body, (state, zeros), (order, positions)
+  (state, (loss_sum, correct, activity, active, sparse_steps), penalty), _ = jax.lax.scan(
+    body, (state, zeros, penalty), (order, positions)
   )
   count = jnp.maximum(task_size, 1).astype(jnp.float32)
   steps = jnp.maximum(-(-task_size // batch_size), 1)

@@ -100,6 +100,64 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   np.testing.assert_allclose(np.asarray(got), np.asarray(xla), atol=1e-5)
 
 
+def _penalty(seed, r, n):
+  """EWC-like curvature A (rows 0, 1, every fifth row and the last three, which no slot of
+  `_random_problem` touches, all zero) and center m."""
+  rng = np.random.default_rng(seed)
+  curvature = (rng.random((r, n)) * (rng.random((r, n)) < 0.5)).astype(np.float32)
+  curvature[[0, 1, *range(5, r, 5), r - 3, r - 2, r - 1]] = 0.0
+  center = np.abs(rng.normal(size=(r, n))).astype(np.float32) * 0.05
+  return curvature, center, curvature.any(axis=1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("clip_factor", [None, 0.3])  # no clip; clips (the norm matters)
+def test_penalized_update_matches_numpy_and_carried_row_stats_are_exact(clip_factor):
+  """The penalised kernel against float64 numpy (data gradient + 2λA(θ − m) on the rows with
+  A ≠ 0, one global norm), then two steps: with the row statistics the first step returned
+  (valid) the second step equals, bit for bit, the one that computes them itself; stale ones
+  (the first step's, handed to the step after next) change it, so they are really read."""
+  addresses, x, d_hidden, winners, values_sq = _random_problem(2)
+  curvature, center, rows = _penalty(3, *addresses.shape)
+  strength, lr = np.float32(40.0), 0.5
+  slots = _slots(d_hidden, winners)
+  d_act = np.zeros((x.shape[0], addresses.shape[0]))
+  np.add.at(d_act, (np.arange(x.shape[0])[:, None], winners), d_hidden)
+  diff = addresses.astype(np.float64) - center
+  grad = d_act.T @ x.astype(np.float64) + 2 * strength * curvature * diff
+  norm = np.sqrt(np.sum(grad**2) + values_sq)
+  clip_norm = None if clip_factor is None else clip_factor * norm
+  step = lr * (clip_norm / norm if clip_norm else 1.0)
+  moved = rows | np.isin(np.arange(addresses.shape[0]), winners[d_hidden != 0])
+  want = addresses.astype(np.float64).copy()
+  stepped = np.maximum(want[moved] - step * grad[moved], 0.0)
+  want[moved] = stepped / np.linalg.norm(stepped, axis=1, keepdims=True)
+  update = jax.jit(functools.partial(cpu_kernels.sparse_update_penalized, learning_rate=lr, clip_norm=clip_norm))
+  operands = (curvature, center, rows, strength)
+  got, got_step, value, stats = update(jnp.array(addresses), x, slots, values_sq, *operands)
+  np.testing.assert_allclose(float(got_step), step, rtol=1e-5)
+  np.testing.assert_allclose(float(value), np.sum(curvature * diff**2), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+  assert not moved.all() and np.array_equal(np.asarray(got)[~moved], addresses[~moved])
+  new_diff = np.asarray(got, np.float64) - center
+  np.testing.assert_allclose(np.asarray(stats)[0], np.sum((2 * strength * curvature * new_diff) ** 2, 1), rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(stats)[1], np.sum(curvature * new_diff**2, 1), rtol=1e-4, atol=1e-12)
+  assert np.all(np.asarray(stats)[:, ~rows] == 0)
+
+  # The next batch touches other neurons; rows only the penalty moves use the carried statistics.
+  _, x2, d2, winners2, values_sq2 = _random_problem(4, batch=4, m=2, padded=0)  # <= 8 rows
+  slots2 = _slots(d2, winners2)
+  carried = update(jnp.array(got), x2, slots2, values_sq2, *operands, (stats, True))
+  fresh = update(jnp.array(got), x2, slots2, values_sq2, *operands, (jnp.zeros_like(stats), False))
+  for a, b in zip(carried, fresh):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  stale = update(jnp.array(carried[0]), x2, slots2, values_sq2, *operands, (stats, True))
+  honest = update(jnp.array(carried[0]), x2, slots2, values_sq2, *operands, None)
+  assert float(stale[2]) != float(honest[2])  # the penalty's value comes from the statistics
+  if clip_norm is not None:
+    assert float(stale[1]) != float(honest[1])  # and so does the clipped step
+
+
 @needs_kernel
 def test_update_zero_rows_and_out_of_range_winners():
   """A touched row whose update is all negative becomes zero (no NaN); an id >= r is ignored."""

@@ -22,7 +22,10 @@
 // penalised variant adds 2 strength A_i * (theta_i - m_i) (the folded quadratic penalty
 // strength * sum A (theta - m)^2 of regularizers.RegState: curvature A, center m) on the rows
 // `penalty_rows` marks (rows whose A is not all zero), and returns the penalty's value at the
-// current addresses. step = optax clip_by_global_norm then sgd over the global norm
+// current addresses. A row only the penalty moves costs one read of theta, A and m and one write
+// of theta: its |g|^2 and value for the norm pass are carried from the previous step's update
+// pass (`row_stats`, [2, r], valid within a block of sparse steps; the caller starts each block
+// with them invalid) instead of a second read. step = optax clip_by_global_norm then sgd over the global norm
 // sqrt(sum_i |g_i|^2 + values_sq); each row with a non-zero gradient becomes
 // l2_normalize(relu(row - step * g_i)) (an all-zero row stays zero); other rows are unchanged.
 // Slots with a neuron outside [0, r) are ignored, like XLA's dropped out-of-range scatters.
@@ -52,6 +55,12 @@ struct Penalty {
   const float* center = nullptr;     // m [r, n]
   const uint8_t* rows = nullptr;     // [r]: 1 where A's row is not all zero
   float strength = 0.0f;
+  // Per-row statistics at the current addresses, [2, r]: |2 strength A_i (theta_i - m_i)|^2, then
+  // sum A_i (theta_i - m_i)^2. `row_stats` (null or `row_stats_valid` false: compute them) is read
+  // for the rows the data does not touch; `next_row_stats` receives them at the new addresses.
+  const float* row_stats = nullptr;
+  bool row_stats_valid = false;
+  float* next_row_stats = nullptr;
 };
 
 // SI's path integral (Zenke et al. 2017, Eq. 3): w -= g_si * (new theta - old theta) on the rows
@@ -65,9 +74,11 @@ struct Scratch {
   std::vector<int32_t> offsets;   // [r + 1]: CSR offsets of each neuron's slots
   std::vector<int32_t> slots;     // slot ids grouped by neuron, ascending within a neuron
   std::vector<int32_t> rows;      // rows with a gradient (data or penalty), ascending
+  std::vector<int64_t> data_rows;  // positions in `rows` of the rows with a data gradient
   std::vector<float> gradients;   // [rows, n]
   std::vector<float> si_gradients;  // [rows, n] (SI: the path integral's gradient, data rows only)
   std::vector<float> old_row;     // [n] (SI: the row before the step)
+  std::vector<float> penalty_row;  // [n]: one row's penalty gradient (rows the data does not touch)
 };
 
 thread_local Scratch scratch;
@@ -108,6 +119,43 @@ void DataGradientRow(float* __restrict g, int32_t p, int32_t end, const int32_t*
   }
 }
 
+// One row's penalty gradient g = 2 strength A (theta - m) and its statistics: value = sum A (theta -
+// m)^2 and sq = |g|^2. Not inlined, so the statistics carried from one step's update pass and the
+// ones computed afresh come from the same machine code, bit for bit.
+__attribute__((noinline)) void PenaltyRow(const float* __restrict row, const float* __restrict a,
+                                          const float* __restrict m, float two_strength, int64_t n,
+                                          float* __restrict g, float* value_out, float* sq_out) {
+  float value = 0.0f;
+#pragma omp simd reduction(+ : value)
+  for (int64_t j = 0; j < n; ++j) {
+    const float diff = row[j] - m[j];
+    value += a[j] * (diff * diff);
+    g[j] = two_strength * (a[j] * diff);
+  }
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < n; ++j) sq += g[j] * g[j];
+  *value_out = value;
+  *sq_out = sq;
+}
+
+// row = l2_normalize(relu(row - step * g)): the SGD step and the SDM projection of one row.
+__attribute__((noinline)) void StepAndProjectRow(float* __restrict row, const float* __restrict g, float step,
+                                                 int64_t n) {
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = std::max(row[j] - step * g[j], 0.0f);
+    row[j] = v;
+    sq += v * v;
+  }
+  const float norm = std::sqrt(sq);
+  // layers.l2_normalize divides by the norm; multiplying by its reciprocal differs by <= 1 ulp.
+  const float inv = 1.0f / (norm > 0.0f ? norm : 1.0f);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) row[j] = row[j] * inv;
+}
+
 // One problem: updates `out` ([r, n], already holding the addresses) in place; returns the step
 // and writes the penalty's value at the old addresses into `penalty_value` (0 without one).
 float UpdateOne(float* __restrict out, const float* __restrict x, const float* __restrict d,
@@ -129,7 +177,9 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
   }
   // offsets[i] .. offsets[i + 1] are now neuron i's slots.
   s.rows.clear();
+  s.data_rows.clear();
   for (int64_t i = 0; i < r; ++i) {
+    if (s.offsets[i + 1] > s.offsets[i]) s.data_rows.push_back(static_cast<int64_t>(s.rows.size()));
     if (s.offsets[i + 1] > s.offsets[i] || (penalty.curvature && penalty.rows[i])) s.rows.push_back(i);
   }
   const int64_t num_rows = static_cast<int64_t>(s.rows.size());
@@ -139,37 +189,42 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     s.old_row.resize(std::max<int64_t>(n, 1));
   }
   const float two_strength = 2.0f * penalty.strength;
+  if (penalty.curvature) s.penalty_row.resize(std::max<int64_t>(n, 1));
   double address_sq = 0.0, penalty_sum = 0.0;
   for (int64_t t = 0; t < num_rows; ++t) {
     const int32_t i = s.rows[t];
     float* __restrict g = s.gradients.data() + t * n;
     const bool has_data = s.offsets[i + 1] > s.offsets[i];
-    if (has_data) {
-      DataGradientRow(g, s.offsets[i], s.offsets[i + 1], s.slots.data(), d, example, x, n, batch);
-      if (si.w) {
-        DataGradientRow(s.si_gradients.data() + t * n, s.offsets[i], s.offsets[i + 1], s.slots.data(), si.d, example,
-                        x, n, batch);
-      }
-    }
-    if (penalty.curvature && penalty.rows[i]) {
-      const float* __restrict a = penalty.curvature + static_cast<int64_t>(i) * n;
-      const float* __restrict m = penalty.center + static_cast<int64_t>(i) * n;
-      const float* __restrict row = out + static_cast<int64_t>(i) * n;
-      float value = 0.0f;
-      if (has_data) {
-#pragma omp simd reduction(+ : value)
-        for (int64_t j = 0; j < n; ++j) {
-          const float diff = row[j] - m[j];
-          value += a[j] * (diff * diff);
-          g[j] += two_strength * (a[j] * diff);
-        }
+    const bool penalized = penalty.curvature && penalty.rows[i];
+    const float* __restrict a = penalized ? penalty.curvature + static_cast<int64_t>(i) * n : nullptr;
+    const float* __restrict m = penalized ? penalty.center + static_cast<int64_t>(i) * n : nullptr;
+    const float* __restrict row = out + static_cast<int64_t>(i) * n;
+    if (!has_data) {
+      // Only the penalty moves this row: its statistics were carried from the last step's update
+      // pass (or are computed here); its gradient is recomputed in the update pass, not stored.
+      float value, sq;
+      if (penalty.row_stats != nullptr && penalty.row_stats_valid) {
+        sq = penalty.row_stats[i];
+        value = penalty.row_stats[r + i];
       } else {
+        PenaltyRow(row, a, m, two_strength, n, s.penalty_row.data(), &value, &sq);
+      }
+      penalty_sum += value;
+      address_sq += sq;
+      continue;
+    }
+    DataGradientRow(g, s.offsets[i], s.offsets[i + 1], s.slots.data(), d, example, x, n, batch);
+    if (si.w) {
+      DataGradientRow(s.si_gradients.data() + t * n, s.offsets[i], s.offsets[i + 1], s.slots.data(), si.d, example, x,
+                      n, batch);
+    }
+    if (penalized) {
+      float value = 0.0f;
 #pragma omp simd reduction(+ : value)
-        for (int64_t j = 0; j < n; ++j) {
-          const float diff = row[j] - m[j];
-          value += a[j] * (diff * diff);
-          g[j] = two_strength * (a[j] * diff);
-        }
+      for (int64_t j = 0; j < n; ++j) {
+        const float diff = row[j] - m[j];
+        value += a[j] * (diff * diff);
+        g[j] += two_strength * (a[j] * diff);
       }
       penalty_sum += value;
     }
@@ -189,7 +244,10 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     }
   }
 
-  for (int64_t t = 0; t < num_rows; ++t) {
+  // The rows with a data gradient (every moved row, without a penalty). This loop is the plain
+  // step's as it was before the penalty's rows moved out of it (below): kept as it is, since the
+  // compiler turns small changes around it into last-bit changes of the plain step's results.
+  for (const int64_t t : s.data_rows) {
     const int32_t i = s.rows[t];
     float* __restrict row = out + static_cast<int64_t>(i) * n;
     const float* __restrict g = s.gradients.data() + t * n;
@@ -213,6 +271,26 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
       const float* __restrict old = s.old_row.data();
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) w[j] = w[j] - gsi[j] * (row[j] - old[j]);
+    }
+  }
+  // The rows only the penalty moves, with their gradient recomputed here (it was not stored), and
+  // every penalised row's statistics at its new address for the next step's norm pass.
+  if (penalty.curvature == nullptr) return step;
+  if (penalty.next_row_stats != nullptr) std::fill(penalty.next_row_stats, penalty.next_row_stats + 2 * r, 0.0f);
+  for (int64_t t = 0; t < num_rows; ++t) {
+    const int32_t i = s.rows[t];
+    if (!penalty.rows[i]) continue;
+    float* __restrict row = out + static_cast<int64_t>(i) * n;
+    const float* __restrict a = penalty.curvature + static_cast<int64_t>(i) * n;
+    const float* __restrict m = penalty.center + static_cast<int64_t>(i) * n;
+    float* __restrict pg = s.penalty_row.data();
+    if (s.offsets[i + 1] == s.offsets[i]) {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) pg[j] = two_strength * (a[j] * (row[j] - m[j]));
+      StepAndProjectRow(row, pg, step, n);
+    }
+    if (penalty.next_row_stats != nullptr) {
+      PenaltyRow(row, a, m, two_strength, n, pg, &penalty.next_row_stats[r + i], &penalty.next_row_stats[i]);
     }
   }
   return step;
@@ -249,8 +327,9 @@ ffi::Error CheckUpdateShapes(const ffi::Buffer<ffi::F32>& addresses, const ffi::
 ffi::Error RunUpdates(const UpdateShape& sh, const float* in_data, float* out_data, const float* x, const float* d,
                       const int32_t* neuron, const int32_t* example, const float* values_sq, double learning_rate,
                       double clip_norm, const float* curvature, const float* center, const uint8_t* rows,
-                      const float* strength, float* step, float* penalty_value, const float* si_d = nullptr,
-                      const float* w_in = nullptr, float* w_out = nullptr) {
+                      const float* strength, float* step, float* penalty_value, const float* row_stats = nullptr,
+                      const uint8_t* row_stats_valid = nullptr, float* next_row_stats = nullptr,
+                      const float* si_d = nullptr, const float* w_in = nullptr, float* w_out = nullptr) {
   if (out_data != in_data) {  // XLA did not alias the buffers: start from a copy
     std::memcpy(out_data, in_data, sizeof(float) * sh.problems * sh.r * sh.n);
   }
@@ -260,6 +339,11 @@ ffi::Error RunUpdates(const UpdateShape& sh, const float* in_data, float* out_da
     Penalty penalty;
     if (curvature != nullptr) {
       penalty = Penalty{curvature + p * rn, center + p * rn, rows + p * sh.r, strength[p]};
+      if (row_stats != nullptr) {
+        penalty.row_stats = row_stats + p * 2 * sh.r;
+        penalty.row_stats_valid = row_stats_valid[p] != 0;
+        penalty.next_row_stats = next_row_stats + p * 2 * sh.r;
+      }
     }
     PathIntegral si;
     if (w_out != nullptr) si = PathIntegral{w_out + p * rn, si_d + p * sh.num_slots};
@@ -292,9 +376,10 @@ ffi::Error UpdatePenalizedImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi:
                                ffi::Buffer<ffi::S32> neuron, ffi::Buffer<ffi::S32> example,
                                ffi::Buffer<ffi::F32> values_sq, ffi::Buffer<ffi::F32> curvature,
                                ffi::Buffer<ffi::F32> center, ffi::Buffer<ffi::U8> rows,
-                               ffi::Buffer<ffi::F32> strength, double learning_rate, double clip_norm,
+                               ffi::Buffer<ffi::F32> strength, ffi::Buffer<ffi::F32> row_stats,
+                               ffi::Buffer<ffi::U8> row_stats_valid, double learning_rate, double clip_norm,
                                ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step,
-                               ffi::ResultBuffer<ffi::F32> penalty_value) {
+                               ffi::ResultBuffer<ffi::F32> penalty_value, ffi::ResultBuffer<ffi::F32> next_row_stats) {
   UpdateShape shape;
   if (auto error = CheckUpdateShapes(addresses, x, d, neuron, example, values_sq, shape); error.failure()) {
     return error;
@@ -303,23 +388,29 @@ ffi::Error UpdatePenalizedImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi:
   if (curvature.element_count() != addresses.element_count() || center.element_count() != addresses.element_count() ||
       static_cast<int64_t>(rows.element_count()) != p * shape.r ||
       static_cast<int64_t>(strength.element_count()) != p || static_cast<int64_t>(step->element_count()) != p ||
-      static_cast<int64_t>(penalty_value->element_count()) != p) {
+      static_cast<int64_t>(penalty_value->element_count()) != p ||
+      static_cast<int64_t>(row_stats.element_count()) != 2 * p * shape.r ||
+      static_cast<int64_t>(next_row_stats->element_count()) != 2 * p * shape.r ||
+      static_cast<int64_t>(row_stats_valid.element_count()) != p) {
     return ffi::Error::InvalidArgument("sdm_sparse_update_penalized: penalty operand shapes");
   }
   return RunUpdates(shape, addresses.typed_data(), out->typed_data(), x.typed_data(), d.typed_data(),
                     neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
                     curvature.typed_data(), center.typed_data(), rows.typed_data(), strength.typed_data(),
-                    step->typed_data(), penalty_value->typed_data());
+                    step->typed_data(), penalty_value->typed_data(), row_stats.typed_data(),
+                    row_stats_valid.typed_data(), next_row_stats->typed_data());
 }
 
 ffi::Error UpdatePathIntegralImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> d,
                                   ffi::Buffer<ffi::S32> neuron, ffi::Buffer<ffi::S32> example,
                                   ffi::Buffer<ffi::F32> values_sq, ffi::Buffer<ffi::F32> curvature,
                                   ffi::Buffer<ffi::F32> center, ffi::Buffer<ffi::U8> rows,
-                                  ffi::Buffer<ffi::F32> strength, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> si_d,
-                                  double learning_rate, double clip_norm, ffi::ResultBuffer<ffi::F32> out,
-                                  ffi::ResultBuffer<ffi::F32> step, ffi::ResultBuffer<ffi::F32> penalty_value,
-                                  ffi::ResultBuffer<ffi::F32> w_out) {
+                                  ffi::Buffer<ffi::F32> strength, ffi::Buffer<ffi::F32> row_stats,
+                                  ffi::Buffer<ffi::U8> row_stats_valid, ffi::Buffer<ffi::F32> w,
+                                  ffi::Buffer<ffi::F32> si_d, double learning_rate, double clip_norm,
+                                  ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step,
+                                  ffi::ResultBuffer<ffi::F32> penalty_value, ffi::ResultBuffer<ffi::F32> w_out,
+                                  ffi::ResultBuffer<ffi::F32> next_row_stats) {
   UpdateShape shape;
   if (auto error = CheckUpdateShapes(addresses, x, d, neuron, example, values_sq, shape); error.failure()) {
     return error;
@@ -329,13 +420,17 @@ ffi::Error UpdatePathIntegralImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<f
       w.element_count() != addresses.element_count() || w_out->element_count() != addresses.element_count() ||
       si_d.element_count() != d.element_count() || static_cast<int64_t>(rows.element_count()) != p * shape.r ||
       static_cast<int64_t>(strength.element_count()) != p || static_cast<int64_t>(step->element_count()) != p ||
-      static_cast<int64_t>(penalty_value->element_count()) != p) {
+      static_cast<int64_t>(penalty_value->element_count()) != p ||
+      static_cast<int64_t>(row_stats.element_count()) != 2 * p * shape.r ||
+      static_cast<int64_t>(next_row_stats->element_count()) != 2 * p * shape.r ||
+      static_cast<int64_t>(row_stats_valid.element_count()) != p) {
     return ffi::Error::InvalidArgument("sdm_sparse_update_path_integral: operand shapes");
   }
   return RunUpdates(shape, addresses.typed_data(), out->typed_data(), x.typed_data(), d.typed_data(),
                     neuron.typed_data(), example.typed_data(), values_sq.typed_data(), learning_rate, clip_norm,
                     curvature.typed_data(), center.typed_data(), rows.typed_data(), strength.typed_data(),
-                    step->typed_data(), penalty_value->typed_data(), si_d.typed_data(), w.typed_data(),
+                    step->typed_data(), penalty_value->typed_data(), row_stats.typed_data(),
+                    row_stats_valid.typed_data(), next_row_stats->typed_data(), si_d.typed_data(), w.typed_data(),
                     w_out->typed_data());
 }
 
@@ -605,11 +700,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePenalized, UpdatePenalizedImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // center m [..., r, n]
                                   .Arg<ffi::Buffer<ffi::U8>>()   // penalty rows [..., r]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // strength [...]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // row stats [..., 2, r]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // row stats valid [...]
                                   .Attr<double>("learning_rate")
                                   .Attr<double>("clip_norm")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
                                   .Ret<ffi::Buffer<ffi::F32>>()  // step size [...]
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // penalty value [...]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // penalty value [...]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // row stats at the new addresses [..., 2, r]
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmSparseUpdatePathIntegral(
     XLA_FFI_CallFrame* call_frame);
@@ -626,6 +724,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImp
                                   .Arg<ffi::Buffer<ffi::F32>>()  // center m [..., r, n]
                                   .Arg<ffi::Buffer<ffi::U8>>()   // penalty rows [..., r]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // strength [...]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // row stats [..., 2, r]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // row stats valid [...]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // SI's w [..., r, n]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // SI's d [..., S] (the path integral's gradient)
                                   .Attr<double>("learning_rate")
@@ -633,4 +733,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImp
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
                                   .Ret<ffi::Buffer<ffi::F32>>()  // step size [...]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // penalty value [...]
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // new w
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // new w
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // row stats at the new addresses [..., 2, r]
