@@ -33,7 +33,7 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
      rows, and clips, steps, clamps and normalises them in place (the addresses buffer is aliased
      to the result: no copy). A row only the penalty moves is read and written once per step:
      its share of the norm and of the penalty's value come from the previous step's update
-     pass (`Penalty.row_stats`, carried through the block's scan by `train_step_with_penalty`),
+     pass (`Penalty.row_stats`, carried through an epoch's scan by `train_step_with_penalty`),
      not from a second pass over θ, A and m. Without a C++ compiler, or on GPU/TPU, one of the XLA paths
      below (`SparseSGD.max_touched`);
    - small layers (slots >= r, e.g. 1K neurons): the batch's distinct neurons are gathered once;
@@ -213,7 +213,7 @@ class Penalty(NamedTuple):
   row_stats: (stats [2, r], valid bool []) each address row's |2 λ A (θ − m)|² and A (θ − m)²
   summed, at the current addresses, from the last step's update pass (the CPU kernel's
   `cpu_kernels.sparse_update_penalized`; `train_step_with_penalty` carries them from step to step
-  inside a block, where only the sparse step changes the addresses); invalid at first.
+  within an epoch, where only the sparse step changes the addresses); invalid at first.
   """
 
   address_curvature: jax.Array
