@@ -252,11 +252,7 @@ def sparse_update_penalized(
     x.astype(jnp.float32),
     *_slot_operands(slots),
     jnp.asarray(values_sq, jnp.float32),
-    curvature.astype(jnp.float32),
-    center.astype(jnp.float32),
-    rows.astype(jnp.uint8),
-    jnp.asarray(strength, jnp.float32),
-    *_row_stats_operands(row_stats, addresses),
+    *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
     learning_rate=np.float64(learning_rate),
     clip_norm=np.float64(clip_norm or 0.0),
   )
@@ -266,12 +262,21 @@ def _row_stats_shape(addresses) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((*addresses.shape[:-2], 2, addresses.shape[-2]), jnp.float32)
 
 
-def _row_stats_operands(row_stats, addresses):
-  """(stats [..., 2, r] f32, valid [...] u8) for the kernel; None means not valid."""
+def _penalty_operands(addresses, curvature, center, rows, strength, row_stats):
+  """The penalised kernels' penalty operands: A, m, rows (u8), λ, and the row statistics (stats
+  [..., 2, r] f32, valid [...] u8; None means not valid)."""
   if row_stats is None:
-    return jnp.zeros(_row_stats_shape(addresses).shape, jnp.float32), jnp.zeros(addresses.shape[:-2], jnp.uint8)
-  stats, valid = row_stats
-  return stats.astype(jnp.float32), jnp.asarray(valid).astype(jnp.uint8)
+    stats, valid = jnp.zeros(_row_stats_shape(addresses).shape, jnp.float32), jnp.zeros(addresses.shape[:-2], bool)
+  else:
+    stats, valid = row_stats
+  return (
+    curvature.astype(jnp.float32),
+    center.astype(jnp.float32),
+    rows.astype(jnp.uint8),
+    jnp.asarray(strength, jnp.float32),
+    stats.astype(jnp.float32),
+    jnp.asarray(valid).astype(jnp.uint8),
+  )
 
 
 def sparse_update_path_integral(
@@ -312,11 +317,7 @@ def sparse_update_path_integral(
     x.astype(jnp.float32),
     *_slot_operands(slots),
     jnp.asarray(values_sq, jnp.float32),
-    curvature.astype(jnp.float32),
-    center.astype(jnp.float32),
-    rows.astype(jnp.uint8),
-    jnp.asarray(strength, jnp.float32),
-    *_row_stats_operands(row_stats, addresses),
+    *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
     w.astype(jnp.float32),
     si_d.astype(jnp.float32),
     learning_rate=np.float64(learning_rate),
