@@ -139,7 +139,8 @@ __attribute__((noinline)) void PenaltyRow(const float* __restrict row, const flo
   *sq_out = sq;
 }
 
-// row = l2_normalize(relu(row - step * g)): the SGD step and the SDM projection of one row.
+// row = l2_normalize(relu(row - step * g)): the SGD step and the SDM projection of one row. Not
+// inlined, so every row (data or penalty) gets the same vectorised machine code and summation order.
 __attribute__((noinline)) void StepAndProjectRow(float* __restrict row, const float* __restrict g, float step,
                                                  int64_t n) {
   float sq = 0.0f;
@@ -244,27 +245,17 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     }
   }
 
-  // The rows with a data gradient (every moved row, without a penalty). This loop is the plain
-  // step's as it was before the penalty's rows moved out of it (below): kept as it is, since the
-  // compiler turns small changes around it into last-bit changes of the plain step's results.
+  // The rows with a data gradient (every moved row, without a penalty). They go through the same
+  // out-of-line StepAndProjectRow as the penalty's rows: written inline here, GCC vectorised only
+  // the first row and left every later one a scalar chain of dependent FMAs (~1 us per row of 784:
+  // 12% of the main job's time); the function's loop is vectorised (16 partial sums).
   for (const int64_t t : s.data_rows) {
     const int32_t i = s.rows[t];
     float* __restrict row = out + static_cast<int64_t>(i) * n;
     const float* __restrict g = s.gradients.data() + t * n;
     const bool path_integral = si.w && s.offsets[i + 1] > s.offsets[i];
     if (path_integral) std::memcpy(s.old_row.data(), row, sizeof(float) * n);
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t j = 0; j < n; ++j) {
-      const float v = std::max(row[j] - step * g[j], 0.0f);
-      row[j] = v;
-      sq += v * v;
-    }
-    const float norm = std::sqrt(sq);
-    // layers.l2_normalize divides by the norm; multiplying by its reciprocal differs by <= 1 ulp.
-    const float inv = 1.0f / (norm > 0.0f ? norm : 1.0f);
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) row[j] = row[j] * inv;
+    StepAndProjectRow(row, g, step, n);
     if (path_integral) {  // regularizers.si_accumulate: w - g * (new - old)
       float* __restrict w = si.w + static_cast<int64_t>(i) * n;
       const float* __restrict gsi = s.si_gradients.data() + t * n;
