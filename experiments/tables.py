@@ -164,7 +164,10 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
       label="paper",
       zorder=3,
     )
-    bars_ax.legend(fontsize=7, loc="lower right")
+    # Above the axes' right corner: inside, it covers the bottom bar whatever corner it takes.
+    bars_ax.legend(
+      fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, borderaxespad=0.1, markerscale=0.5
+    )
   bars_ax.set(
     yticks=y, yticklabels=rows, xlim=(0, 1), xlabel="final accuracy (full test set)", title="after the last task"
   )
