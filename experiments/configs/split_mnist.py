@@ -46,7 +46,7 @@ shared one):
   mas 0.226 ± 0.006 (paper 0.49)   topk 0.197 ± 0.000 (paper 0.22)   si 0.169 ± 0.040 (paper 0.36)
 The 10K rows, 2026-11-24, a 2-core AMD EPYC VM with AVX-512, one core per row, shared machine:
   oracle_10k 0.982 ± 0.000 (paper 0.99; 1h57m)   sdmlp_10k 0.544 ± 0.007 (paper 0.53; 6h51m)
-  sdmlp_ewc_10k (paper 0.86): running (experiments/results/split_mnist_full/README.md)
+  sdmlp_ewc_10k 0.835 ± 0.003 (paper 0.86; 4h44m, one core then two)
 EWC and MAS are far below the paper at both schedules: their penalties are too weak to hold the earlier
 tasks. SI at 500 epochs per task is too stiff, with some importances negative (see the results READMEs).
 Tuned rows at 500 epochs per task, seeds 3, 4, 5, 2026-11-23, same machine (1 h 43 min to 2 h 29 min
