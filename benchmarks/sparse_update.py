@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import epoch_time
-from sdm_jax import cpu_kernels
+from sdm_jax import cpu_kernels, layers
 
 _NEURONS = epoch_time._NEURONS  # --neurons, shared with epoch_time (absl flags are global)
 _UNITS = flags.DEFINE_list("units", ["11", "30"], "Active units per example u.")
@@ -60,8 +60,7 @@ def slots_for(r: int, units: int, live: int, batch: int = _BATCH, seed: int = 0)
 
 def unit_rows(r: int, n: int, seed: int = 0) -> jax.Array:
   """Non-negative unit-norm address rows, as the SDM projection keeps them."""
-  a = jnp.abs(jax.random.normal(jax.random.PRNGKey(seed), (r, n)))
-  return a / jnp.linalg.norm(a, axis=1, keepdims=True)
+  return layers.l2_normalize(jnp.abs(jax.random.normal(jax.random.PRNGKey(seed), (r, n))))
 
 
 def update_runner(kind: str, x, slots):

@@ -253,7 +253,7 @@ float UpdateOne(float* __restrict out, const float* __restrict x, const float* _
     const int32_t i = s.rows[t];
     float* __restrict row = out + static_cast<int64_t>(i) * n;
     const float* __restrict g = s.gradients.data() + t * n;
-    const bool path_integral = si.w && s.offsets[i + 1] > s.offsets[i];
+    const bool path_integral = si.w != nullptr;  // SI's w moves on every row with a data gradient
     if (path_integral) std::memcpy(s.old_row.data(), row, sizeof(float) * n);
     StepAndProjectRow(row, g, step, n);
     if (path_integral) {  // regularizers.si_accumulate: w - g * (new - old)
