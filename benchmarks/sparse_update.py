@@ -3,7 +3,7 @@ r"""One address update of the sparse step's C++ kernels against the dense weight
     python -m benchmarks.sparse_update                              # r = 1K and 10K, 11 and 30 units
     python -m benchmarks.sparse_update --neurons=10000 --units=11 --live=1500
 
-The sparse step (`sdm_jax/sparse.py`) replaces the dense step's weight-gradient matmul
+The sparse step (`sdm_jax/engine/sparse.py`) replaces the dense step's weight-gradient matmul
 (B x r)^T @ (B x n), the SGD update and the SDM projection of all r rows by one kernel call:
 `cpu_kernels.sparse_update` (one axpy of length n per active unit, then step and re-project
 only the rows it touched), or `cpu_kernels.sparse_update_penalized` when an EWC/MAS/L2 penalty
@@ -38,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import epoch_time
-from sdm_jax import cpu_kernels, layers
+from sdm_jax.core import topk
+from sdm_jax.engine import cpu_kernels
 
 _NEURONS = epoch_time._NEURONS  # --neurons, shared with epoch_time (absl flags are global)
 _UNITS = flags.DEFINE_list("units", ["11", "30"], "Active units per example u.")
@@ -60,7 +61,7 @@ def slots_for(r: int, units: int, live: int, batch: int = _BATCH, seed: int = 0)
 
 def unit_rows(r: int, n: int, seed: int = 0) -> jax.Array:
   """Non-negative unit-norm address rows, as the SDM projection keeps them."""
-  return layers.l2_normalize(jnp.abs(jax.random.normal(jax.random.PRNGKey(seed), (r, n))))
+  return topk.l2_normalize(jnp.abs(jax.random.normal(jax.random.PRNGKey(seed), (r, n))))
 
 
 def update_runner(kind: str, x, slots):

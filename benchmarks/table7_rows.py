@@ -41,7 +41,8 @@ import numpy as np
 from benchmarks import epoch_time
 from experiments import schema
 from experiments.configs import split_mnist
-from sdm_jax import final_state, sparse, train
+from sdm_jax.engine import sparse, train
+from sdm_jax.runs import final_state
 
 _WIDTHS = flags.DEFINE_list("widths", ["1000", "10000"], "Hidden widths r.")
 _ROWS = flags.DEFINE_list(

@@ -39,7 +39,8 @@ import matplotlib.ticker  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sdm_jax import analysis, final_state  # noqa: E402
+from sdm_jax.engine import analysis
+from sdm_jax.runs import final_state  # noqa: E402
 from experiments import schema
 
 _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "Run directory of experiments.split_mnist (repeatable).")

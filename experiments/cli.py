@@ -21,7 +21,7 @@ from absl import app, flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from sdm_jax import workdir as workdir_lib
+from sdm_jax.runs import workdir as workdir_lib
 
 # (experiments.driver, and with it JAX, is imported once the command line has been checked: a
 # refusal here takes a fraction of a second, however busy the machine.)

@@ -28,7 +28,9 @@ from ml_collections import config_flags
 import numpy as np
 
 from experiments import train_convmixer
-from sdm_jax import checkpoint, convmixer, sdm_layer
+from sdm_jax.core import sdm_layer
+from sdm_jax.engine import convmixer
+from sdm_jax.runs import checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

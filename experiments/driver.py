@@ -9,7 +9,7 @@ Synopsis::
     print(results["summary"]["final_accuracy_mean"])
 
 The config becomes the library's specs in `experiments/schema.py`; the task
-loop is `sdm_jax.continual.run`; this module does what happens around it:
+loop is `sdm_jax.engine.continual.run`; this module does what happens around it:
 refusing bad runs before anything is written, resuming from checkpoints,
 writing curves, progress lines and results.
 
@@ -45,9 +45,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sdm_jax import mesh as mesh_lib
-from sdm_jax import checkpoint, continual, final_state, flymodel, metric_writers, metrics, pretrained, train
-from sdm_jax import workdir as workdir_lib
+from sdm_jax.runs import mesh as mesh_lib
+from sdm_jax.engine import continual, flymodel, metrics, pretrained, train
+from sdm_jax.runs import checkpoint, final_state, metric_writers
+from sdm_jax.runs import workdir as workdir_lib
 from experiments import schema
 
 
@@ -125,7 +126,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   if jax.process_count() == 1:  # (several processes: process 0 learns it in `_hold`, and tells the others)
     workdir_lib.check_free(workdir)  # another live run holds it: refused at once, before the data is read
   pre = None
-  if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/pretrained.py)
+  if config.get("pretrained"):  # the three-step regime: start from a pretrained model (sdm_jax/engine/pretrained.py)
     pre = pretrained.load(config.pretrained, config.get("pretrained_index", 0))
     pretrained.check_compatible(config.model, pre, field_prefix="config.model.")
   identity = schema.data_identity(config)  # once per session: a keyless file is hashed
@@ -148,7 +149,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   Everything that can refuse the run does so before anything is written:
   the config (`validate_config`), the workdir (a file, read-only, held by
-  another live run: `sdm_jax.workdir`), the pretrained model, the data (loaded
+  another live run: `sdm_jax.runs.workdir`), the pretrained model, the data (loaded
   first; `check_against_data`), the workdir's results (`check_workdir`), its
   checkpoints' config and its free space. A refused run leaves the workdir byte
   for byte as it was. One run at a time holds the workdir (`_hold`).
@@ -189,7 +190,7 @@ def _hold(workdir: pathlib.Path):
 
 def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time: float) -> dict:
   """`train_and_evaluate` once the run has been accepted: build, restore, train, write."""
-  is_main = jax.process_index() == 0  # with several processes (sdm_jax/mesh.py) only the first writes files
+  is_main = jax.process_index() == 0  # with several processes (sdm_jax/runs/mesh.py) only the first writes files
   if config.model.kind == "flymodel":
     _write_config(config, workdir, is_main)
     return run_flymodel(config, workdir, tasks=tasks, start=start_time)
@@ -218,7 +219,7 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
   if pre is not None:  # keep X_a, the GABA counters and the epoch; X_v stays freshly initialised
     states = pretrained.start_from(states, pre, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
     logging.info(f"pretrained: hidden layer, GABA counters and epoch {pre.epoch} from {pre.path}; output layer reset")
-  # Device mesh (sdm_jax/mesh.py): seeds padded to a multiple of its seed axis and split over it;
+  # Device mesh (sdm_jax/runs/mesh.py): seeds padded to a multiple of its seed axis and split over it;
   # host-side reads keep the first len(seeds) rows. None: one device, nothing changes.
   mesh = schema.mesh_of(config)
   states = mesh_lib.to_mesh(states, mesh)
@@ -385,7 +386,7 @@ def _train(
         logging.info(
           f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
           f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
-          "(exact, see sdm_jax/sparse.py)"
+          "(exact, see sdm_jax/engine/sparse.py)"
         )
       if block.warning:
         logging.warning(block.warning)

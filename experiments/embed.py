@@ -22,7 +22,8 @@ import time
 
 from absl import app, flags, logging
 
-from sdm_jax import convmixer, data
+from sdm_jax import data
+from sdm_jax.engine import convmixer
 from sdm_jax.data import embeddings
 
 

@@ -43,7 +43,7 @@ from absl import app, flags
 
 from experiments import tables
 from experiments.configs import split_cifar
-from sdm_jax import pretrained
+from sdm_jax.engine import pretrained
 
 TABLES = {
   "split_mnist": "Table 7 (Split MNIST)",

@@ -18,8 +18,8 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
-from sdm_jax import mesh as mesh_lib
-from sdm_jax import continual, models, optim, regularizers, sparse, train, validation
+from sdm_jax.runs import mesh as mesh_lib
+from sdm_jax.engine import continual, models, optimizers, regularizers, sparse, train, validation
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
@@ -37,7 +37,7 @@ MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 # ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
 CLASS_ORDERS = ("ordinal", "by_seed", "reference")
-TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/sparse.py)
+TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/engine/sparse.py)
 # XLA's float32 matmul precision (jax.default_matmul_precision): "highest" is full float32 as the
 # authors' PyTorch runs; "default" keeps JAX's setting, which lets a GPU use TF32; same on CPU.
 MATMUL_PRECISIONS = ("default", "high", "highest")
@@ -137,8 +137,8 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
-  if o.name not in optim.OPTIMIZERS:
-    _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optim.OPTIMIZERS}")
+  if o.name not in optimizers.OPTIMIZERS:
+    _fail("optimizer.name", f"unknown optimizer {o.name!r}; choose one of {optimizers.OPTIMIZERS}")
   validation.check_number("config.optimizer.learning_rate", o.learning_rate, low=0.0, low_open=True)
   if o.clip_norm < 0:
     _fail("optimizer.clip_norm", f"must be >= 0 (0 disables clipping), got {o.clip_norm}")
@@ -336,7 +336,7 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
 
 def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   o = config.optimizer
-  return optim.for_model(
+  return optimizers.for_model(
     spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum, weight_decay=o.weight_decay
   )
 

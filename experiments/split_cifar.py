@@ -7,7 +7,7 @@ r"""Split CIFAR-10 / CIFAR-100, class-incremental, optionally from an ImageNet32
 
 Loads the pretrained model named by `config.pretrained` (a workdir of
 `experiments.pretrain`), resets the output layer X_v, keeps X_a, the GABA
-counters and the epoch (sdm_jax/pretrained.py), and runs the tasks with
+counters and the epoch (sdm_jax/engine/pretrained.py), and runs the tasks with
 `experiments.driver.train_and_evaluate`. A pretrain whose embeddings came
 from another embedder (another `embedder_key`) than config.data_dir's is
 refused (`pretrained.check_same_embedder`). See experiments/configs/split_cifar.py

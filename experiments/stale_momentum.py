@@ -4,7 +4,7 @@ r"""The appendix's stale-momentum toy figure (panels a-c) as PNGs, plus a README
 
 Writes `updates.png` (panel a), `moments.png` (panel b), `amplification.png`
 (panel c) and `README.md` into --out. Pure numpy, a few seconds of CPU.
-The model and the paper-versus-notebook choices are in sdm_jax/stale_momentum.py.
+The model and the paper-versus-notebook choices are in sdm_jax/engine/stale_momentum.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import numpy as np  # noqa: E402
 
-from sdm_jax import stale_momentum as sm  # noqa: E402
+from sdm_jax.engine import stale_momentum as sm  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "experiments/results/stale_momentum", "Output directory.")
 
@@ -143,7 +143,7 @@ def readme() -> str:
   return f"""# Stale-momentum toy (paper App. "Stale Momentum", toy figure panels a-c)
 
 Regenerate: `python -m experiments.stale_momentum --out=experiments/results/stale_momentum`
-(model: `sdm_jax/stale_momentum.py`; tests: `tests/stale_momentum_test.py`).
+(model: `sdm_jax/engine/stale_momentum.py`; tests: `tests/stale_momentum_test.py`).
 
 A single weight gets gradient g = 0.2 at sparse steps and exactly 0 otherwise;
 SGDM, Adam and RMSProp follow the appendix's equations from a zero state (Adam
@@ -170,7 +170,7 @@ Warm-up firings at steps 0 and 1 (as the notebook), next firing `gap` steps late
   stream of g = 0.2 (SGDM g/(1−γ) = 2.0; Adam with the constant correction
   √(1−β2)/(1−β1) = 0.316; RMSProp 1). This normalisation is ours, not the paper's.
 * Lazy variants (state frozen on zero-gradient steps, the paper's untested
-  "sparse optimizers"; `sdm_jax/lazy.py`, toy: `simulate(..., lazy=True)`):
+  "sparse optimizers"; `sdm_jax/core/lazy.py`, toy: `simulate(..., lazy=True)`):
   the re-activation update no longer depends on the gap, it is the gap-1
   (dense) value for every gap: {lazy}; nothing moves while silent. (Adam's
   {lazy_adam} comes from the paper's constant bias correction; with the usual

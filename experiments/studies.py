@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from sdm_jax import metrics
+from sdm_jax.engine import metrics
 
 from experiments.configs import ablations as ablation_rows
 from experiments.configs import k_frontier as k_frontier_rows
@@ -79,7 +79,8 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
   counters) and runs the hidden layer in evaluation mode over all test images
   of all classes, so a unit kept for an earlier task is alive here.
   """
-  from sdm_jax import analysis, final_state
+  from sdm_jax.engine import analysis
+  from sdm_jax.runs import final_state
   from experiments import schema
 
   seeds, params, gaba_counts = final_state.load(workdir / "final_state.npz")[:3]

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from sdm_jax import checkpoint, metric_writers, metrics
+from sdm_jax.engine import metrics
+from sdm_jax.runs import checkpoint, metric_writers
 from experiments import driver, schema
 
 

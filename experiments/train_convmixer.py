@@ -27,7 +27,9 @@ from ml_collections import config_flags
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sdm_jax import checkpoint, convmixer, data
+from sdm_jax import data
+from sdm_jax.engine import convmixer
+from sdm_jax.runs import checkpoint
 
 EMBEDDER_DIR = "embedder"
 

@@ -40,7 +40,7 @@ def expand(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigD
 
 
 def with_mesh(config: ml_collections.ConfigDict, seed: int, data: int) -> ml_collections.ConfigDict:
-  """The config with `mesh` set (sdm_jax/mesh.py); not part of what makes two runs different."""
+  """The config with `mesh` set (sdm_jax/runs/mesh.py); not part of what makes two runs different."""
   config.mesh = ml_collections.ConfigDict(dict(seed=seed, data=data))
   return config
 

@@ -51,7 +51,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # Before anything touches a device: with several processes every one must join first.
   if _COORDINATOR.value or _DISTRIBUTED.value:
-    from sdm_jax import mesh as mesh_lib
+    from sdm_jax.runs import mesh as mesh_lib
 
     if _COORDINATOR.value:
       mesh_lib.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

@@ -1,38 +1,40 @@
 """sdm_jax: Sparse Distributed Memory (Bricken et al., ICLR 2023) in JAX.
 
-The SDM layer for any network (imported on first use, so `import sdm_jax` stays light):
+The package has three layers; each imports only the ones above it in this list:
 
-- `SDM`, `GabaCounts`: the Flax NNX layer and its GABA counters (`sdm_jax.nnx_layer`);
-- `SDMSpec`, `switch_from_epochs` and the pure functions in `sdm_jax.sdm_layer` (init, apply, project);
-- `sdm_projection`: the SDM constraint as an optax transformation on marked layers (`sdm_jax.optim`);
-- `lazy_layers`, `lazy_adam`, `lazy_sgdm`, `lazy_rmsprop`: lazy optimisers (`sdm_jax.lazy`).
+- `sdm_jax.core`: the SDM layer for any network (imports only JAX, optax and Flax). Its public
+  names are re-exported here: `SDM`, `GabaCounts`, `SDMSpec`, `sdm_projection`, the lazy optimisers.
+- `sdm_jax.runs`: run machinery with no model in it: checkpoints, workdirs, metric writers, the mesh.
+- `sdm_jax.engine`: the paper's models, training engine, sparse step, regularisers, the continual
+  protocol (`sdm_jax.engine.fit`), FlyModel, ConvMixer and analysis.
 
-Everything else lives in its module: `sdm_jax.models`, `sdm_jax.continual`, `sdm_jax.data`, ...
+`sdm_jax.data` (datasets, class splits, embeddings files) stands beside them and imports none.
 """
 
-import importlib
+from sdm_jax.core import (
+  SDM,
+  GabaCounts,
+  SDMSpec,
+  lazy_adam,
+  lazy_layers,
+  lazy_rmsprop,
+  lazy_sgdm,
+  nnx_projection,
+  project_after_update,
+  sdm_projection,
+  switch_from_epochs,
+)
 
-_EXPORTS = {
-  "SDM": "nnx_layer",
-  "GabaCounts": "nnx_layer",
-  "SDMSpec": "sdm_layer",
-  "switch_from_epochs": "sdm_layer",
-  "sdm_projection": "optim",
-  "lazy_layers": "lazy",
-  "lazy_adam": "lazy",
-  "lazy_sgdm": "lazy",
-  "lazy_rmsprop": "lazy",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(f"sdm_jax.{_EXPORTS[name]}"), name)
-  try:
-    return importlib.import_module(f"sdm_jax.{name}")
-  except ModuleNotFoundError as e:
-    if e.name != f"sdm_jax.{name}":
-      raise
-    raise AttributeError(f"module 'sdm_jax' has no attribute {name!r}") from None
+__all__ = [
+  "SDM",
+  "GabaCounts",
+  "SDMSpec",
+  "lazy_adam",
+  "lazy_layers",
+  "lazy_rmsprop",
+  "lazy_sgdm",
+  "nnx_projection",
+  "project_after_update",
+  "sdm_projection",
+  "switch_from_epochs",
+]

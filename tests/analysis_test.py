@@ -1,4 +1,4 @@
-"""Tests of sdm_jax.analysis against independent computations, and of experiments.analyze end to end."""
+"""Tests of sdm_jax.engine.analysis against independent computations, and of experiments.analyze end to end."""
 
 import csv
 import json
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import analysis, continual, final_state, models
+from sdm_jax.engine import analysis, continual, models
+from sdm_jax.runs import final_state
 from experiments import schema
 
 

@@ -1,11 +1,11 @@
-"""Tests of sdm_jax.augment: torchvision RandAugment magnitudes and ops, flip, normalisation."""
+"""Tests of sdm_jax.engine.augment: torchvision RandAugment magnitudes and ops, flip, normalisation."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import augment
+from sdm_jax.engine import augment
 
 PIL = pytest.importorskip('PIL')
 from PIL import Image, ImageOps  # pylint: disable=g-import-not-at-top,wrong-import-position

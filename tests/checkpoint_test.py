@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import checkpoint
+from sdm_jax.runs import checkpoint
 from experiments import driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

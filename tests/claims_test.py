@@ -24,7 +24,9 @@ import pytest
 
 from experiments import driver
 from experiments.configs import split_mnist
-from sdm_jax import continual, data, final_state, metric_writers
+from sdm_jax import data
+from sdm_jax.engine import continual
+from sdm_jax.runs import final_state, metric_writers
 from sdm_jax.data import embeddings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -141,7 +143,7 @@ def _killed_run(flags: list[str], cache: pathlib.Path) -> subprocess.Popen:
   flush) once KILL_AFTER_EVALUATIONS evaluations are in metrics.csv, between two checkpoints."""
   script = f"""
 import os, runpy, signal, sys
-from sdm_jax import metric_writers
+from sdm_jax.runs import metric_writers
 write_rows, written = metric_writers.CsvWriter.write_rows, []
 def write_then_die(self, rows):
   write_rows(self, rows)

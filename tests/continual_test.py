@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import continual, data, metric_writers, models, optim, regularizers, train
-from sdm_jax import workdir as workdir_lib
+from sdm_jax import data
+from sdm_jax.engine import continual, models, optimizers, regularizers, train
+from sdm_jax.runs import metric_writers
+from sdm_jax.runs import workdir as workdir_lib
 from experiments import driver, schema
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -234,7 +236,7 @@ def test_the_block_schedule_is_produced_as_it_is_consumed():
   spec = models.relu_mlp(2, 4, 2)
   schedule = continual.Schedule(epochs_per_task=2**31 - 1, eval_every=1, batch_size=8)
   continual.check_counters(tasks, schedule)  # (one task, one step per epoch: within the counters)
-  tx = optim.for_model(spec, "sgd", 0.1)
+  tx = optimizers.for_model(spec, "sgd", 0.1)
   states = train.init_states(np.arange(1), spec=spec, tx=tx, num_tasks=1)
   engine = continual.make_engine(spec, tx, schedule, seed_axis=False)
   progress = continual.Progress.start(1, 1)

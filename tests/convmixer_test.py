@@ -1,4 +1,4 @@
-"""Tests of sdm_jax.convmixer: architecture, parameter count, training step, data parallelism."""
+"""Tests of sdm_jax.engine.convmixer: architecture, parameter count, training step, data parallelism."""
 
 import functools
 import os
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import convmixer
+from sdm_jax.engine import convmixer
 from sdm_jax.data import cifar
 
 
@@ -88,7 +88,7 @@ def test_two_devices_match_one(tmp_path):
   """A step with the batch sharded over 2 forced host devices gives the 1-device result."""
   script = textwrap.dedent('''
       import functools, jax, numpy as np, pytest
-      from sdm_jax import convmixer
+      from sdm_jax.engine import convmixer
       model = convmixer.ConvMixer(dim=8, depth=1, kernel_size=3, patch_size=4, num_classes=10)
       tx = convmixer.make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)
       rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def test_two_devices_match_one(tmp_path):
 
 
 def _conv_sdm(head, seed=0):
-  from sdm_jax import sdm_layer  # noqa: F401  (the head specs below)
+  from sdm_jax.core import sdm_layer  # noqa: F401  (the head specs below)
 
   trunk = convmixer.ConvMixer(dim=8, depth=1, kernel_size=3, patch_size=8, num_classes=0)
   tx = convmixer.sdm_head_optimizer(head, lr=0.1)
@@ -140,7 +140,7 @@ def _conv_sdm(head, seed=0):
 
 @pytest.mark.parametrize("positive", [False, True])
 def test_conv_sdm_step_counts_firing_and_constrains_only_the_head(positive):
-  from sdm_jax import sdm_layer
+  from sdm_jax.core import sdm_layer
 
   head = sdm_layer.SDMSpec(neurons=20, k=3, switch_activations=64.0, positive=positive)
   trunk, state, step, images, labels = _conv_sdm(head)
@@ -167,7 +167,7 @@ def test_conv_sdm_step_counts_firing_and_constrains_only_the_head(positive):
 
 
 def test_conv_sdm_relu_head_has_biases_and_no_projection():
-  from sdm_jax import sdm_layer
+  from sdm_jax.core import sdm_layer
 
   head = sdm_layer.SDMSpec(neurons=20, k_schedule="none", positive=False, l2_norm=False, bias=True)
   _, state, step, images, labels = _conv_sdm(head)
@@ -178,7 +178,7 @@ def test_conv_sdm_relu_head_has_biases_and_no_projection():
 
 
 def test_conv_sdm_needs_a_headless_trunk():
-  from sdm_jax import sdm_layer
+  from sdm_jax.core import sdm_layer
 
   head = sdm_layer.SDMSpec(neurons=20, k=3)
   with pytest.raises(ValueError, match="^trunk.num_classes must be 0"):

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import cpu_kernels, data, layers, models, optim, sparse, train
+from sdm_jax import data
+from sdm_jax.core import topk
+from sdm_jax.engine import cpu_kernels, models, optimizers, sparse, train
 
 HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not None
 needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
@@ -226,7 +228,7 @@ def test_top_values_and_indices_match_a_sort(ties, r, m):
   np.testing.assert_array_equal(np.take_along_axis(a.T, indices, axis=1), values)
   assert all(len(set(row)) == m for row in indices.tolist())  # distinct units, ties with multiplicity
   if not ties:
-    xla_values, xla_indices = layers.top_values_and_indices(a, m, axis=0)
+    xla_values, xla_indices = topk.top_values_and_indices(a, m, axis=0)
     np.testing.assert_array_equal(indices, np.asarray(xla_indices))
 
 
@@ -254,7 +256,7 @@ def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
   if not switched:
     short = rng.random(r) < 0.3
     counts[short] = rng.random(short.sum()) * 100  # lambda in [-1, 1), distinct (no ties in relu(a - lambda I))
-  lam = np.asarray(layers.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations))
+  lam = np.asarray(topk.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations))
   num_slots = batch * capacity
   got, total = jax.jit(functools.partial(cpu_kernels.active_units, k=k, num_slots=num_slots))(a, lam)
   xla, xla_total = jax.jit(functools.partial(sparse._active_units, spec=spec, num_slots=num_slots))(a, lam)
@@ -314,7 +316,7 @@ def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
   # The sparse step still runs (XLA update) and equals the forced-XLA step.
   x, y, _ = _mnist_task()
   spec = models.sdmlp(784, 12, 10, k=3, k_schedule="flat")
-  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optim.make_optimizer("sgd", 0.1), [0]))
+  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optimizers.make_optimizer("sgd", 0.1), [0]))
   state = state.replace(params=sparse.to_neuron_major(state.params))
   xb, yb, valid = train.to_float_input(x[0, :32]), y[0, :32], jnp.ones(32, bool)
   step = jax.jit(sparse.train_step, static_argnames=("spec", "sgd"))

@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax import final_state, metric_writers
-from sdm_jax import workdir as workdir_lib
+from sdm_jax.runs import final_state, metric_writers
+from sdm_jax.runs import workdir as workdir_lib
 from experiments import driver, schema
 from sdm_jax.data import embeddings
 
@@ -316,7 +316,7 @@ def test_gaba_switch_epochs_only_with_the_gaba_schedule(tmp_path):
 def test_a_resumed_run_reads_its_earlier_curves_back_from_metrics_csv(tmp_path, caplog):
   """Checkpoints hold no curves: the rows of the evaluations a checkpoint covers come back from
   metrics.csv, rows written after it are dropped, and missing ones are reported."""
-  from sdm_jax import continual
+  from sdm_jax.engine import continual
 
   fields = ["seed", "task", "epoch", "loss"]
   writer = metric_writers.CsvWriter(tmp_path / "metrics.csv", fields)

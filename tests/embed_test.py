@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from experiments import embed, train_convmixer
-from sdm_jax import convmixer, data
+from sdm_jax import data
+from sdm_jax.engine import convmixer
 from sdm_jax.data import embeddings
 
 

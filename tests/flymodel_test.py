@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.flymodel against numpy loops, and the reference's Split MNIST accuracy."""
+"""Tests for sdm_jax.engine.flymodel against numpy loops, and the reference's Split MNIST accuracy."""
 
 import functools
 import time
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdm_jax import data as data_lib
-from sdm_jax import flymodel
+from sdm_jax.engine import flymodel
 
 # One jitted encode, shared: the small tests use one shape (12 x 40 inputs, 1000 KCs) so
 # XLA compiles it once (compilation, not running, is most of these tests' time).

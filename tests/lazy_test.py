@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.lazy: silent neurons frozen bit for bit, active ones exactly optax's.
+"""Tests for sdm_jax.core.lazy: silent neurons frozen bit for bit, active ones exactly optax's.
 
 Shapes are tiny and distinct (n_in 5, r 6 neurons, C 3 classes) so a state
 leaf's shape says which parameter it mirrors.
@@ -10,9 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import lazy
-from sdm_jax import models
-from sdm_jax import stale_momentum as sm
+from sdm_jax.core import lazy
+from sdm_jax.engine import models
+from sdm_jax.engine import stale_momentum as sm
 
 N_IN, R, C = 5, 6, 3
 SILENT = (1, 4)

@@ -1,4 +1,4 @@
-"""Tests of sdm_jax.mesh: seeds sharded over devices, batches split over a data axis, padding.
+"""Tests of sdm_jax.runs.mesh: seeds sharded over devices, batches split over a data axis, padding.
 
 The multi-device checks run in a subprocess with 8 forced host devices (the
 pytest process has already initialised JAX with one): `python tests/mesh_test.py
@@ -50,7 +50,7 @@ def run_worker(script: pathlib.Path, *args: str, devices: int = 8, timeout: int 
 
 
 def test_mesh_shape_and_errors_name_the_argument():
-  from sdm_jax import mesh as mesh_lib
+  from sdm_jax.runs import mesh as mesh_lib
 
   assert mesh_lib.mesh_shape(-1, 2, num_devices=8) == (4, 2)
   assert mesh_lib.mesh_shape(3, 1, num_devices=8) == (3, 1)
@@ -65,7 +65,7 @@ def test_mesh_shape_and_errors_name_the_argument():
 
 
 def test_one_device_means_no_mesh_and_no_padding():
-  from sdm_jax import mesh as mesh_lib
+  from sdm_jax.runs import mesh as mesh_lib
 
   assert mesh_lib.maybe_make_mesh(-1, 1) is None
   assert mesh_lib.maybe_make_mesh() is None
@@ -84,7 +84,7 @@ def test_the_schema_names_the_config_field():
 
 
 def test_pad_seeds_repeats_the_last_seed_to_a_multiple_of_the_seed_axis():
-  from sdm_jax import mesh as mesh_lib
+  from sdm_jax.runs import mesh as mesh_lib
 
   class FakeMesh:  # only .shape is read
     shape = {"seed": 4, "data": 2}
@@ -142,9 +142,9 @@ def test_seed_sharding_runs_without_collectives(engine):
 
 def _engine_worker(workdir: str) -> dict:
   import jax
-  from sdm_jax import checkpoint
-  from sdm_jax import mesh as mesh_lib
-  from sdm_jax import models, optim, train
+  from sdm_jax.runs import checkpoint
+  from sdm_jax.runs import mesh as mesh_lib
+  from sdm_jax.engine import models, optimizers, train
 
   jax.config.update("jax_default_matmul_precision", "float32")
 
@@ -153,7 +153,9 @@ def _engine_worker(workdir: str) -> dict:
   y = rng.integers(0, 4, (2, 200)).astype(np.int32)
   sizes = np.array([200, 150], np.int32)  # the last batch of task 1 is partial: 150 = 4 x 32 + 22
   spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
-  tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer(
+    "sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec)
+  )
   compiled_text = {}
   block_for = functools.lru_cache(
     lambda mesh, seed_loop: train.make_train_block(
@@ -242,11 +244,14 @@ if __name__ == "__main__":
 def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir):
   """Orbax writes the state split over 8 devices; this 1-device process reads it back exactly."""
   import jax
-  from sdm_jax import checkpoint, models, optim, train
+  from sdm_jax.engine import models, optimizers, train
+  from sdm_jax.runs import checkpoint
 
   assert engine["checkpoint_sharded_on"] == 8
   spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
-  tx = optim.make_optimizer("sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer(
+    "sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec)
+  )
   abstract = train.init_states(np.arange(8), spec=spec, tx=tx)
   states, progress, *_ = checkpoint.restore_latest(checkpoint.manager(engine_dir), abstract, {"seeds": list(range(8))})
   assert progress == {"blocks_done": 1}

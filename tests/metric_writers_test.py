@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from sdm_jax import continual
+from sdm_jax.engine import continual
 
 
 def test_tensorboard_and_csv_hold_the_same_curves(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.models against independent references.
+"""Tests for sdm_jax.engine.models against independent references.
 
 Parameter counts are checked against hand arithmetic, the init against the
 PyTorch nn.Linear distribution, and `forward` against a float64 numpy
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import models
+from sdm_jax.engine import models
 
 # Tiny SDMLP used by the numpy-reference tests.
 TINY_IN, TINY_NEURONS, TINY_CLASSES, TINY_K = 6, 8, 3, 2

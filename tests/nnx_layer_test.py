@@ -1,4 +1,4 @@
-"""Tests of sdm_jax.nnx_layer: the NNX SDM layer against the built-in SDMLP's engine, its counters
+"""Tests of sdm_jax.core.nnx_layer: the NNX SDM layer against the built-in SDMLP's engine, its counters
 as state, bad arguments, jit + vmap over seeds, a data-parallel batch on 8 devices, orbax, and the
 README's "SDM in your own network" example run as written."""
 
@@ -19,7 +19,8 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import models, nnx_layer, optim, sdm_layer, train
+from sdm_jax.core import nnx_layer, projection, sdm_layer
+from sdm_jax.engine import models, optimizers, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IN, NEURONS, CLASSES, K, BATCH, STEPS = 36, 40, 5, 3, 16, 12
@@ -56,14 +57,14 @@ def test_layer_matches_the_builtin_sdmlp_after_the_same_steps():
   """Same initial parameters, batches and optimiser (clip, SGD, projection): after 12 steps through
   the GABA switch the NNX layer's parameters, counters and forward pass equal the engine's."""
   spec = models.sdmlp(IN, NEURONS, CLASSES, k=K, gaba_switch_activations=T)
-  tx = optim.for_model(spec, "sgd", 0.05)
+  tx = optimizers.for_model(spec, "sgd", 0.05)
   state = train.init_state(0, spec=spec, tx=tx)
   net = Net(nnx.Rngs(0))
   net.sdm.kernel[...] = state.params["hidden"]["kernel"]
   net.out.kernel[...] = state.params["output"]["kernel"]
   opt = nnx.Optimizer(
     net,
-    optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05), optim.sdm_projection("sdm", nonnegative="out")),
+    optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05), projection.sdm_projection("sdm", nonnegative="out")),
     wrt=nnx.Param,
   )
   engine_step = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))

@@ -1,4 +1,4 @@
-"""sdm_jax.pretrained: X_a, GABA counters and epoch kept bit for bit, X_v reset as the reference does,
+"""sdm_jax.engine.pretrained: X_a, GABA counters and epoch kept bit for bit, X_v reset as the reference does,
 mismatches refused naming the config field and the file."""
 
 import functools
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_cifar
-from sdm_jax import final_state, models, pretrained, train
+from sdm_jax.engine import models, pretrained, train
+from sdm_jax.runs import final_state
 from experiments import schema
 
 

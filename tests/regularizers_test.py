@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.regularizers against independent computations (numpy, hand formulas, loops)."""
+"""Tests for sdm_jax.engine.regularizers against independent computations (numpy, hand formulas, loops)."""
 
 import functools
 import itertools
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import models
-from sdm_jax import regularizers as reg
+from sdm_jax.engine import models
+from sdm_jax.engine import regularizers as reg
 
 BETA = 0.5
 

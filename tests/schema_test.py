@@ -6,7 +6,7 @@ import pytest
 
 from experiments import schema
 from experiments.configs import split_fashion_mnist, split_mnist
-from sdm_jax import continual, models, regularizers
+from sdm_jax.engine import continual, models, regularizers
 
 
 @pytest.mark.parametrize("variant", split_mnist.VARIANTS)
@@ -107,7 +107,7 @@ def _refusal(run) -> str:
   ],
 )
 def test_the_config_and_fit_refuse_with_the_same_rule(name, config_fields, fit_args):
-  """One validation for both doors (sdm_jax/validation.py): the same message, naming
+  """One validation for both doors (sdm_jax/engine/validation.py): the same message, naming
   config.<field> for a config and the argument for `continual.fit`."""
   config = split_mnist.get_config("sdmlp,tiny")
   for field, value in config_fields.items():

@@ -1,4 +1,4 @@
-"""Tests of sdm_jax.sdm_layer: the SDM layer's pure functions against a float64 numpy reference of
+"""Tests of sdm_jax.core.sdm_layer: the SDM layer's pure functions against a float64 numpy reference of
 Eq. 4 and App. B.3's GABA switch (Eq. 12), its counters, its checks, and vmap over seeds."""
 
 import functools
@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import layers, models, sdm_layer
+from sdm_jax.core import topk, sdm_layer
+from sdm_jax.engine import models
 
 IN, NEURONS, K = 6, 9, 2
 
@@ -190,4 +191,4 @@ def test_vmap_over_seeds_equals_separate_runs():
     params, counts = jax.jit(run)(key, xs, ys)
     np.testing.assert_array_equal(stacked[1][i], counts)
     np.testing.assert_allclose(stacked[0]["sdm"]["kernel"][i], params["sdm"]["kernel"], rtol=1e-6, atol=1e-7)
-  assert float(layers.gaba_lambda(stacked[1], 16.0).max()) == 1.0  # the switch happened
+  assert float(topk.gaba_lambda(stacked[1], 16.0).max()) == 1.0  # the switch happened

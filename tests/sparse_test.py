@@ -9,7 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import cpu_kernels, data, layers, models, optim, regularizers, sparse, train
+from sdm_jax import data
+from sdm_jax.core import topk
+from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, train
 
 
 @pytest.fixture(autouse=True)
@@ -41,15 +43,15 @@ def test_top_values_and_indices_match_a_sort(ties, r):
   if ties:
     a = np.round(a * 5) / 5
     a[rng.random(a.shape) < 0.4] = 0.0
-  values, indices = jax.jit(lambda a: layers.top_values_and_indices(a, 11))(a)
+  values, indices = jax.jit(lambda a: topk.top_values_and_indices(a, 11))(a)
   values, indices = np.asarray(values), np.asarray(indices)
-  values_t, indices_t = jax.jit(lambda a: layers.top_values_and_indices(a, 11, axis=0))(a.T)
+  values_t, indices_t = jax.jit(lambda a: topk.top_values_and_indices(a, 11, axis=0))(a.T)
   np.testing.assert_array_equal(np.asarray(values_t), values)  # the neuron-major layout agrees
   np.testing.assert_array_equal(values, -np.sort(-a, axis=1)[:, :11])
   np.testing.assert_array_equal(np.take_along_axis(a, indices, axis=1), values)  # indices point at them
   assert all(len(set(row)) == 11 for row in indices.tolist())  # ties: distinct units, counted with multiplicity
   with pytest.raises(ValueError, match="exceeds"):
-    layers.top_values_and_indices(jnp.zeros((2, 5)), 6)
+    topk.top_values_and_indices(jnp.zeros((2, 5)), 6)
 
 
 @pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (None, "auto")])  # XLA per-slot; CPU: FFI kernel
@@ -58,7 +60,7 @@ def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   """From lambda = -1 (every unit fires: dense) through the switch (sparse blocks), same training."""
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 60, 10, k=4, gaba_switch_activations=1000.0)
-  tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
   sgd = sparse.SparseSGD(0.1, 1.0, max_active=12, max_touched=max_touched, kernel=kernel)
@@ -84,7 +86,7 @@ def _switched_states(spec, tx, seeds):
   return states
 
 
-# XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/cpu_kernels.py)
+# XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/engine/cpu_kernels.py)
 # under lax.map and under vmap over seeds.
 @pytest.mark.parametrize(
   "max_touched,kernel,seed_loop", [(0, "xla", "auto"), (40, "xla", "auto"), (None, "ffi", "map"), (None, "ffi", "vmap")]
@@ -100,7 +102,7 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
     assert jax.config.jax_default_device == jax.devices("cpu")[0]
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
-  tx = optim.make_optimizer(
+  tx = optimizers.make_optimizer(
     "sgd", lr, clip_norm=clip_norm, projection=functools.partial(models.project_params, spec=spec)
   )
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
@@ -136,13 +138,13 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   x, y, _ = _mnist_task()
   spec = models.sdmlp(784, 12, 10, k=3, k_schedule="flat")
   projection = functools.partial(models.project_params, spec=spec)
-  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optim.make_optimizer("sgd", 1.0), [3]))
+  state = jax.tree.map(lambda a: a[0], _switched_states(spec, optimizers.make_optimizer("sgd", 1.0), [3]))
   xb, yb, valid = train.to_float_input(x[0, :50]), y[0, :50], jnp.arange(50) < 47
   grads, _ = jax.grad(train.loss_and_stats, has_aux=True)(
     state.params, state, xb, yb, valid, spec=spec, dropout_key=None
   )
   clip_norm = clip_factor * float(optax.tree.norm(grads))
-  tx = optim.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
+  tx = optimizers.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
   state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
   sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
@@ -164,7 +166,7 @@ def test_automatic_address_path_and_touched_overflow():
   assert sparse.SparseSGD(0.05, max_touched=0).touched_capacity(models.sdmlp(784, 1000, 10, k=10), 128) == 0
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=500.0)
-  tx = optim.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
   fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_touched=3, kernel="xla"))
@@ -194,7 +196,7 @@ def test_ineligible_models_are_refused(spec, optimizer, reason):
     with pytest.raises(ValueError, match="not exact"):
       train.make_train_block(
         spec=spec,
-        tx=optim.make_optimizer("sgd", 0.1),
+        tx=optimizers.make_optimizer("sgd", 0.1),
         batch_size=8,
         epochs=1,
         seed_axis_data=False,
@@ -219,7 +221,7 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=300)
   spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)  # lambdas barely move in 2 epochs
-  tx = optim.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, max_touched=max_touched, kernel=kernel)
   a, a_metrics = train.make_train_block(**kwargs)(_partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
@@ -260,7 +262,7 @@ def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer,
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=400)
   spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)
-  tx = optim.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer)
   sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, kernel=kernel)
   dense, fast = train.make_train_block(**kwargs), train.make_train_block(**kwargs, sparse_sgd=sgd)

@@ -8,7 +8,7 @@ import pytest
 
 from experiments.configs import pretrain, split_cifar
 from sdm_jax import data as data_lib
-from sdm_jax import final_state
+from sdm_jax.runs import final_state
 from experiments import driver, schema
 from sdm_jax.data import embeddings
 

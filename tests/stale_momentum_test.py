@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.stale_momentum: hand-computed steps, closed forms, the paper's numbers.
+"""Tests for sdm_jax.engine.stale_momentum: hand-computed steps, closed forms, the paper's numbers.
 
 The paper's "RMSProp 10/0.2 = 50x, Adam 1/0.2 = 5x" (caption of the appendix's
 toy figure, panel c) is read off a log10 axis, so it is pinned two ways: the
@@ -10,7 +10,7 @@ and 50x / 5x must be the toy's exact gap -> infinity limits.
 import numpy as np
 import pytest
 
-from sdm_jax import stale_momentum as sm
+from sdm_jax.engine import stale_momentum as sm
 
 G = 0.2
 
@@ -153,7 +153,7 @@ def test_bad_arguments():
 
 @pytest.mark.parametrize("optimizer", sm.OPTIMIZERS)
 def test_lazy_variant_makes_the_gap_irrelevant(optimizer):
-  # Freezing the state on zero-gradient steps (sdm_jax/lazy.py's semantics):
+  # Freezing the state on zero-gradient steps (sdm_jax/core/lazy.py's semantics):
   # the re-activation update is the gap-1 (dense) one whatever the gap, and
   # nothing moves while silent.
   gaps = np.arange(1, 300)

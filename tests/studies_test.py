@@ -6,7 +6,7 @@ import pytest
 from experiments import studies
 from experiments.configs import ablations
 from experiments.configs import k_frontier
-from sdm_jax import final_state
+from sdm_jax.runs import final_state
 from experiments import schema
 
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import data, models, optim, regularizers, train
+from sdm_jax import data
+from sdm_jax.engine import models, optimizers, regularizers, train
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,7 +35,7 @@ def _mnist_tasks(per_task=600):
 
 
 def _setup(spec, lr=0.05, name="sgd"):
-  tx = optim.make_optimizer(
+  tx = optimizers.make_optimizer(
     name, lr, projection=functools.partial(models.project_params, spec=spec) if spec.constrained else None
   )
   return tx

@@ -1,4 +1,4 @@
-"""The shared rules of sdm_jax/validation.py: what they accept, what they refuse and how they name it."""
+"""The shared rules of sdm_jax/engine/validation.py: what they accept, what they refuse and how they name it."""
 
 import time
 import tracemalloc
@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from sdm_jax import models, regularizers, validation
+from sdm_jax.engine import models, regularizers, validation
 
 
 def test_missing_classes_of_a_huge_count_are_found_without_a_list_that_long():

@@ -1,4 +1,4 @@
-"""sdm_jax/workdir.py: one live run per directory (a lock that dies with its process), faults in one line."""
+"""sdm_jax/runs/workdir.py: one live run per directory (a lock that dies with its process), faults in one line."""
 
 import errno
 import os
@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from sdm_jax import workdir as workdir_lib
+from sdm_jax.runs import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Another process holding a workdir: it prints "held" once it has the lock, then sleeps.
 HOLDER = (
   "import sys, time\n"
-  "from sdm_jax import workdir\n"
+  "from sdm_jax.runs import workdir\n"
   "with workdir.hold(sys.argv[1]):\n"
   "  print('held', flush=True)\n"
   "  time.sleep(60)\n"

@@ -19,7 +19,7 @@ SGD lr 0.05, no biases, weights >= 0, unit-norm addresses) with one change:
 | no_l2_norm | no unit-norm projection of the addresses (and no input normalisation) | 0.20 |
 | hidden_bias | a bias on the hidden layer | 0.20 |
 | output_bias | a bias on the output layer | 0.20 |
-| lazy_sgdm, lazy_adam, lazy_rmsprop | the momentum optimisers with state and update frozen for neurons that did not fire (sdm_jax/lazy.py); not in the paper | – |
+| lazy_sgdm, lazy_adam, lazy_rmsprop | the momentum optimisers with state and update frozen for neurons that did not fire (sdm_jax/core/lazy.py); not in the paper | – |
 | relu | the ReLU MLP baseline the collapsed rows are compared to (Table 7: 0.21) | – |
 
 The paper's Table 2 is measured on ImageNet32-pretrained SDMLPs continually

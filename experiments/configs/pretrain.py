@@ -11,7 +11,7 @@ Pretraining is not continual: one task holding all 1,000 classes (like the
 Oracle rows of split_mnist.py). The run writes WORKDIR/final_state.npz (hidden
 layer, output layer, GABA counters, epoch) and WORKDIR/config.json, which
 `experiments.split_cifar` loads with `--config.pretrained=WORKDIR`
-(sdm_jax/pretrained.py: X_a and the counters kept, X_v reset).
+(sdm_jax/engine/pretrained.py: X_a and the counters kept, X_v reset).
 
 Variants: the pretrains that Tables 1 and 3-6 start from (`ROWS`), with the
 authors' settings (docs/reference_code.md#pretraining-on-imagenet32).

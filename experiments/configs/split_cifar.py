@@ -45,7 +45,7 @@ Pretrained rows inherit the model (k, T, k schedule, constraints) from their
 pretrain config of the same size, as the reference inherits them from the
 checkpoint; `pretrained.check_compatible` refuses a checkpoint that differs,
 naming the field. X_v (the output layer) is reset, X_a, the GABA counters and
-the epoch count are kept (sdm_jax/pretrained.py).
+the epoch count are kept (sdm_jax/engine/pretrained.py).
 
 Sizes (after a comma): `full` (2,000 / 500 epochs per task; Oracle 300),
 `quick` (1/10), `tiny` (2 epochs). Without pretraining T scales with the

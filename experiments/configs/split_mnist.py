@@ -142,14 +142,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.epochs_per_task = REFERENCE_EPOCHS_PER_TASK
   config.eval_every = 10
   config.batch_size = 128
-  # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/sparse.py).
+  # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/engine/sparse.py).
   # "dense": always the dense step.
   config.train_step = "auto"
   # XLA's float32 matmul precision: default | high | highest (highest = full float32, as the authors'
   # PyTorch runs; "default" keeps JAX's own setting, which lets a GPU use TF32; on CPU all are float32).
   config.matmul_precision = "default"
   # Orbax checkpoints in WORKDIR/checkpoints at every task end and every N epochs; rerunning the
-  # same command with the same --workdir resumes from the newest one (sdm_jax/checkpoint.py).
+  # same command with the same --workdir resumes from the newest one (sdm_jax/runs/checkpoint.py).
   config.checkpoint_every_epochs = 50
   config.keep_checkpoints = 2
 

@@ -18,7 +18,7 @@ import jax
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # the repository root
 from experiments import driver  # noqa: E402
 from experiments.configs import split_mnist  # noqa: E402
-from sdm_jax import metric_writers  # noqa: E402
+from sdm_jax.runs import metric_writers  # noqa: E402
 
 ROW, EPOCHS_PER_TASK, SEEDS = "sdmlp", 6, (0,)
 

@@ -17,7 +17,9 @@ import sys
 import ml_collections
 import numpy as np
 
-from sdm_jax import analysis, data, final_state
+from sdm_jax import data
+from sdm_jax.engine import analysis
+from sdm_jax.runs import final_state
 from experiments import schema
 
 for workdir in sys.argv[1:]:

@@ -18,7 +18,7 @@ Synopsis::
     # the forward pass in training mode advanced net.sdm.counts; net.eval() freezes them.
 
 `SDM.__call__` is `sdm_layer.apply` (one implementation with the built-in SDMLP of
-`sdm_jax.models`); see `sdm_layer` for the equations (Eq. 4, App. B.3's Eq. 12).
+`sdm_jax.engine.models`); see `sdm_layer` for the equations (Eq. 4, App. B.3's Eq. 12).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from flax import nnx
 import jax
 import optax
 
-from sdm_jax import layers, optim, sdm_layer
+from sdm_jax.core import projection as projection_lib
+from sdm_jax.core import sdm_layer, topk
 
 
 class GabaCounts(nnx.Variable):
@@ -56,7 +57,7 @@ class SDM(nnx.Module):
     positive: ReLU the input, and keep weights >= 0 (`projection`); Dale's principle, App. A.5.
     l2_norm: unit L2 norm per input example, and unit-norm addresses (`projection`); App. A.5.
     bias: add a bias (an ablation; SDM has none).
-    threshold_method: see `layers.kth_largest` (all exact).
+    threshold_method: see `topk.kth_largest` (all exact).
     rngs: `nnx.Rngs`; the kernel [in_features, neurons] is PyTorch's nn.Linear init, projected.
 
   Bad arguments raise ValueError naming the argument, at construction; an input with the wrong
@@ -122,7 +123,7 @@ class SDM(nnx.Module):
 
   def gaba_lambda(self) -> jax.Array:
     """λ_i of Eq. 12 [neurons]: -1 (excited) to +1 (inhibited); meaningful for "gaba"."""
-    return layers.gaba_lambda(self.counts[...], self.spec.switch_activations)
+    return topk.gaba_lambda(self.counts[...], self.spec.switch_activations)
 
 
 def _switch(schedule, activations, epochs, dataset_size) -> float:
@@ -148,12 +149,12 @@ def _sdm_modules(model: nnx.Module):
 
 
 def sdm_paths(model: nnx.Module) -> list[tuple[str, ...]]:
-  """The paths of the `SDM` modules in `model` (e.g. [('sdm',)]), as `optim.sdm_projection` takes them."""
+  """The paths of the `SDM` modules in `model` (e.g. [('sdm',)]), as `projection_lib.sdm_projection` takes them."""
   return [path for path, _ in _sdm_modules(model)]
 
 
 def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransformation:
-  """`optim.sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and
+  """`projection_lib.sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and
   `l2_norm`; put it last in the optax chain. `nonnegative`: paths of other parameters to clamp >= 0
   (the value layer X_v of a positive SDM, e.g. "out"). Raises ValueError if `model` has no SDM."""
   groups: dict[tuple[bool, bool], list] = {}
@@ -162,10 +163,10 @@ def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransfor
   if not groups:
     raise ValueError("model: no nnx_layer.SDM module in it")
   parts = [
-    optim.sdm_projection(paths, positive=positive, normalize=l2_norm)
+    projection_lib.sdm_projection(paths, positive=positive, normalize=l2_norm)
     for (positive, l2_norm), paths in groups.items()
     if positive or l2_norm
   ]
   if nonnegative is not None:
-    parts.append(optim.sdm_projection(nonnegative=nonnegative))
+    parts.append(projection_lib.sdm_projection(nonnegative=nonnegative))
   return optax.chain(*parts) if parts else optax.identity()

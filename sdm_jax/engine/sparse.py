@@ -75,7 +75,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax import cpu_kernels, layers, models, regularizers
+from sdm_jax.core import topk
+from sdm_jax.engine import cpu_kernels, models, regularizers
 
 
 KERNELS = ("auto", "xla", "ffi")
@@ -286,13 +287,13 @@ def train_step_with_penalty(
   statistics at the new addresses (`Penalty.row_stats`), so that the next step of the same block
   reads θ, A and m once for the rows only the penalty moves (CPU kernel). Same results, bit for bit."""
   # Padded examples get x = 0: no unit fires for them, so they take no slot.
-  x = layers.sdm_input(x) * valid[:, None].astype(jnp.float32)
+  x = topk.sdm_input(x) * valid[:, None].astype(jnp.float32)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions
   # then run across contiguous batch entries.
   a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
   num_slots = sgd.num_slots(spec, x.shape[0])
   lam = (
-    layers.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
+    topk.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
     if spec.k_schedule == "gaba"
     else jnp.ones((spec.neurons,), jnp.float32)
   )
@@ -310,7 +311,7 @@ def _active_units(a, lam, *, spec, num_slots):
   """XLA's `cpu_kernels.active_units`: slots (example, neuron, a*) [S] sorted by example, and the
   number of active units."""
   r, batch = a.shape
-  top_values, top_indices = layers.top_values_and_indices(a, spec.k + 1, axis=0)
+  top_values, top_indices = topk.top_values_and_indices(a, spec.k + 1, axis=0)
   threshold = top_values[:, spec.k]  # I of Eq. 4: the (k+1)-th largest
 
   def after_switch():
@@ -480,7 +481,7 @@ def _update_touched_rows(addresses, x, slots, values_sq, *, spec, sgd, touched_c
   gradient_rows = coefficients.at[touched].get(mode="fill", fill_value=0.0) @ x  # [touched, n]
   step_size = _clipped_step_size(jnp.sqrt(jnp.sum(jnp.square(gradient_rows)) + values_sq), sgd)
   rows = addresses.at[touched].get(mode="fill", fill_value=0.0)
-  rows = layers.l2_normalize(jax.nn.relu(rows - step_size * gradient_rows), axis=-1)
+  rows = topk.l2_normalize(jax.nn.relu(rows - step_size * gradient_rows), axis=-1)
   addresses = addresses.at[touched].set(rows, unique_indices=True, indices_are_sorted=True, mode="drop")
   return addresses, step_size, jnp.sum(present) <= touched_capacity
 
@@ -522,7 +523,7 @@ def _update_slot_rows(addresses, x, slots, values_sq, *, spec, sgd):
   slot = jnp.arange(neuron.shape[0])
   first_slot = jnp.full((spec.neurons,), neuron.shape[0]).at[neuron].min(slot, mode="drop")
   first_slot = first_slot.at[neuron].get(mode="fill", fill_value=-1) == slot
-  rows = layers.l2_normalize(jax.nn.relu(addresses.at[neuron].get(mode="fill", fill_value=0.0)), axis=-1)
+  rows = topk.l2_normalize(jax.nn.relu(addresses.at[neuron].get(mode="fill", fill_value=0.0)), axis=-1)
   addresses = addresses.at[jnp.where(first_slot, neuron, spec.neurons)].set(rows, unique_indices=True, mode="drop")
   return addresses, step_size
 
@@ -543,7 +544,7 @@ def _update_penalized_rows(addresses, x, slots, values_sq, penalty, strength, si
   gradient = gradient.at[neuron].add(d[:, None] * slot_x, mode="drop")
   step_size = _clipped_step_size(jnp.sqrt(jnp.sum(jnp.square(gradient)) + values_sq), sgd)
   moved = _moved_rows(penalty.rows, neuron, d)
-  stepped = layers.l2_normalize(jax.nn.relu(addresses - step_size * gradient), axis=-1)
+  stepped = topk.l2_normalize(jax.nn.relu(addresses - step_size * gradient), axis=-1)
   new = jnp.where(moved[:, None], stepped, addresses)
   w = None
   if si is not None:

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    from sdm_jax import flymodel
+    from sdm_jax.engine import flymodel
 
     projection = flymodel.init(jax.random.key(0), n_in=784, n_kc=10_000, n_response=32)
     codes = flymodel.encode(projection, x_uint8)            # [B, n_kc], top 1 % kept, max 1
@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from sdm_jax import layers
+from sdm_jax.core import topk
 
 PERCENTILE = 99.0  # the notebook keeps h >= np.percentile(h, 99) per example
 _MIN_BISECT_WIDTH = 128
@@ -97,14 +97,14 @@ def kept_count(n_kc: int, percentile: float = PERCENTILE) -> int:
 
 
 def _bisect(a: jax.Array, k: int) -> jax.Array:
-  """`layers.kth_largest` by bisection, rows zero-padded to >= 128 values.
+  """`topk.kth_largest` by bisection, rows zero-padded to >= 128 values.
 
   XLA:CPU takes seconds to compile the unrolled bisection on very narrow rows
   (~3 s at 24 columns, 0.3 s at 128); zeros never change the k-th largest of
   non-negative values.
   """
   pad = max(_MIN_BISECT_WIDTH - a.shape[-1], 0)
-  return layers.kth_largest(jnp.pad(a, ((0, 0), (0, pad))), k, method="bisect")
+  return topk.kth_largest(jnp.pad(a, ((0, 0), (0, pad))), k, method="bisect")
 
 
 def _kth_largest(h: jax.Array, k: int, chunk: int = 8) -> jax.Array:
@@ -115,7 +115,7 @@ def _kth_largest(h: jax.Array, k: int, chunk: int = 8) -> jax.Array:
   maxima of chunks of `chunk` values; the k chunks with the largest maxima
   (found by bisection over the n/chunk maxima; ties filled in index order)
   hold the k largest values, since every value outside them is <= the k-th
-  largest maximum <= the k-th largest value (`layers._kth_largest_chunked`
+  largest maximum <= the k-th largest value (`topk._kth_largest_chunked`
   makes the same argument). Bisection over those k·chunk candidates gives
   the answer: 0.3 s per 12.8K examples (the 10K-KC matmul before it: 1 s).
   """

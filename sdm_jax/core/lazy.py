@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax import paths
+from sdm_jax.core import paths
 
 ActivityFn = Callable[[optax.Updates], Any]
 

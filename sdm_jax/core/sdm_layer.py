@@ -27,8 +27,8 @@ The layer of the paper (Eq. 3-4 and App. B.3), for any network:
 
 The counters C are state, not parameters: `apply` returns them advanced by the examples each neuron
 fired for (training) or unchanged (``train=False``); the optimiser never sees them.
-``sdm_jax.models`` builds the SDMLP, its Table 2 ablations and the baselines' hidden layer from
-these functions, and ``sdm_jax.nnx_layer.SDM`` wraps them as a Flax NNX module.
+``sdm_jax.engine.models`` builds the SDMLP, its Table 2 ablations and the baselines' hidden layer from
+these functions, and ``sdm_jax.core.nnx_layer.SDM`` wraps them as a Flax NNX module.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sdm_jax import layers
+from sdm_jax.core import topk
 
 K_SCHEDULES = ("gaba", "linear", "flat", "none")
 INHIBITIONS = ("subtract", "mask")
@@ -73,7 +73,7 @@ class SDMSpec:
     positive: ReLU the input and keep every weight >= 0 (Dale's principle, App. A.5 item 4).
     l2_norm: unit L2 norm of each input and of each neuron's address (App. A.5 item 2).
     bias: add a bias to the activations (the ablation "hidden bias"; SDM has none).
-    threshold_method: how I is found; see `layers.kth_largest` (every method is exact).
+    threshold_method: how I is found; see `topk.kth_largest` (every method is exact).
   """
 
   neurons: int
@@ -94,8 +94,8 @@ class SDMSpec:
       raise ValueError(f"k_schedule must be one of {K_SCHEDULES}, got {self.k_schedule!r}")
     if self.inhibition not in INHIBITIONS:
       raise ValueError(f"inhibition must be one of {INHIBITIONS}, got {self.inhibition!r}")
-    if self.threshold_method not in layers.THRESHOLD_METHODS:
-      raise ValueError(f"threshold_method must be one of {layers.THRESHOLD_METHODS}, got {self.threshold_method!r}")
+    if self.threshold_method not in topk.THRESHOLD_METHODS:
+      raise ValueError(f"threshold_method must be one of {topk.THRESHOLD_METHODS}, got {self.threshold_method!r}")
     if self.k_schedule == "none":
       return
     _check_count("k", self.k, 1)
@@ -160,7 +160,7 @@ def project(params: dict, spec: SDMSpec) -> dict:
   if spec.positive:
     params = jax.tree.map(jax.nn.relu, params)
   if spec.l2_norm:
-    params = {**params, "kernel": layers.l2_normalize(params["kernel"], axis=0)}
+    params = {**params, "kernel": topk.l2_normalize(params["kernel"], axis=0)}
   return params
 
 
@@ -174,7 +174,7 @@ def k_in_force(spec: SDMSpec, epoch=None):
   if epoch is None:
     raise ValueError("epoch must be given for k_schedule='linear' (Eq. 4 anneals k per epoch)")
   k_max = spec.neurons if spec.k_max is None else spec.k_max
-  return layers.linear_k(epoch, k_max=k_max, k_target=spec.k, transition_epochs=spec.k_transition_epochs)
+  return topk.linear_k(epoch, k_max=k_max, k_target=spec.k, transition_epochs=spec.k_transition_epochs)
 
 
 def threshold_bound(spec: SDMSpec) -> int | None:
@@ -219,7 +219,7 @@ def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: ja
     counts: the GABA counters C [neurons] (needed by "gaba").
   """
   _check_input(params, x)
-  x = layers.sdm_input(x, positive=spec.positive, normalize=spec.l2_norm)
+  x = topk.sdm_input(x, positive=spec.positive, normalize=spec.l2_norm)
   a = x @ params["kernel"]
   if spec.bias:
     a = a + params["bias"]
@@ -236,11 +236,11 @@ def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: ja
   if spec.k_schedule == "gaba":
     if counts is None:
       raise ValueError("the GABA switch needs gaba_counts (per-neuron firing counters)")
-    threshold = layers.kth_largest(a, k + 1, method=method, k_bound=bound)
-    return layers.topk_subtract(a, threshold, layers.gaba_lambda(counts, spec.switch_activations))
+    threshold = topk.kth_largest(a, k + 1, method=method, k_bound=bound)
+    return topk.topk_subtract(a, threshold, topk.gaba_lambda(counts, spec.switch_activations))
   if spec.inhibition == "subtract":
-    return layers.topk_subtract(a, layers.kth_largest(a, k + 1, method=method, k_bound=bound))
-  return layers.topk_mask(a, layers.kth_largest(a, k, method=method, k_bound=bound))
+    return topk.topk_subtract(a, topk.kth_largest(a, k + 1, method=method, k_bound=bound))
+  return topk.topk_mask(a, topk.kth_largest(a, k, method=method, k_bound=bound))
 
 
 def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    from sdm_jax import stale_momentum as sm
+    from sdm_jax.engine import stale_momentum as sm
     g = sm.sparse_gradients(100, (0, 1, 50))          # 0.2 at steps 0, 1 and 50, else 0
     trace = sm.simulate("rmsprop", g)                 # per-step Δ, numerator, denominator, m, v
     trace.update[50]                                  # ~6.7: the spike after 48 silent steps
@@ -127,7 +127,7 @@ def simulate(
       independent weights simulated side by side (used to sweep gaps at once).
     gamma, beta1, beta2, alpha: the appendix's hyperparameters.
     eps: 0 reproduces the paper's equations; 1e-8 the notebook (added to the root).
-    lazy: the "sparse optimizer" the paper leaves to future work (sdm_jax/lazy.py
+    lazy: the "sparse optimizer" the paper leaves to future work (sdm_jax/core/lazy.py
       for real models): on a step whose gradient is exactly 0 the state is
       frozen and Δ = 0, so a silent stretch is skipped as if it never happened.
 

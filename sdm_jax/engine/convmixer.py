@@ -4,7 +4,7 @@ The authors' settings (TrentBrick/SDMContinualLearner, models/Conv_Mixer.py and 
 settings; docs/reference_code.md#convmixer-embedder):
 ConvMixer(dim 256, depth 8, kernel 5, patch 2) with GELU and BatchNorm, trained
 on ImageNet32 with AdamW (lr 0.01, weight decay 0.005), batch 512, global-norm
-clip 1.0 and augmentations (`sdm_jax.augment`); the 256-d embedding the SDMLP
+clip 1.0 and augmentations (`sdm_jax.engine.augment`); the 256-d embedding the SDMLP
 sees is the average-pool output, before the classifier head. The reference's
 ConvMixer weights and training code were never published (its issue #1), so
 this follows the ConvMixer paper's architecture:
@@ -42,7 +42,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sdm_jax import augment, layers, optim, sdm_layer
+from sdm_jax.core import topk, projection, sdm_layer
+from sdm_jax.engine import augment
 
 DATA_AXIS = 'data'
 
@@ -243,7 +244,7 @@ def sdm_head_optimizer(
   parts = [optax.clip_by_global_norm(clip_norm), optax.sgd(lr, momentum=momentum)]
   if head.uses_topk and head.constrained:
     parts.append(
-      optim.sdm_projection(
+      projection.sdm_projection(
         "sdm", nonnegative="out" if head.positive else None, positive=head.positive, normalize=head.l2_norm
       )
     )
@@ -350,7 +351,7 @@ def sdm_evaluate(eval_batch, state: dict, images, labels, *, head: sdm_layer.SDM
     correct += int((pred == labels[start : start + batch_size]).sum())
     ever |= fired
     active += int(n_active.sum())
-  lam = layers.gaba_lambda(state['gaba_counts'], head.switch_activations) if head.k_schedule == 'gaba' else None
+  lam = topk.gaba_lambda(state['gaba_counts'], head.switch_activations) if head.k_schedule == 'gaba' else None
   return dict(
     accuracy=correct / len(images),
     dead_fraction=float(1.0 - ever.mean()),

@@ -21,7 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from sdm_jax import sdm_layer
+from sdm_jax.core import sdm_layer
 
 K_SCHEDULES = sdm_layer.K_SCHEDULES
 INHIBITIONS = sdm_layer.INHIBITIONS

@@ -6,7 +6,7 @@ No config and no files here. Two drivers use `run`: `driver.train_and_evaluate`
 
 Synopsis::
 
-    from sdm_jax import continual
+    from sdm_jax.engine import continual
     results = continual.fit(x, y, test_x=x_test, test_y=y_test, model="sdmlp", classes_per_task=2,
                             epochs_per_task=50, batch_size=32, seeds=(0, 1, 2))
     results["summary"]["final_accuracy_mean"]      # accuracy on every test class after the last task
@@ -35,8 +35,10 @@ import numpy as np
 import optax
 
 from sdm_jax import data as data_lib
-from sdm_jax import layers, metric_writers, metrics, models, optim, regularizers, sparse, train, validation
-from sdm_jax import workdir as workdir_lib
+from sdm_jax.core import topk
+from sdm_jax.engine import metrics, models, optimizers, regularizers, sparse, train, validation
+from sdm_jax.runs import metric_writers
+from sdm_jax.runs import workdir as workdir_lib
 
 # The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
 CURVE_FIELDS = (
@@ -326,7 +328,7 @@ def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
   """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
   if spec.k_schedule != "gaba":
     return jnp.ones(states.gaba_counts.shape[0])
-  return layers.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
+  return topk.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
 
 
 def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
@@ -574,8 +576,8 @@ def _fit_arrays(x, y, test_x, test_y, class_order) -> tuple[dict, list[int]]:
 
 
 def _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer) -> None:
-  if optimizer not in optim.OPTIMIZERS:
-    validation.fail("optimizer", f"must be one of {optim.OPTIMIZERS}, got {optimizer!r}")
+  if optimizer not in optimizers.OPTIMIZERS:
+    validation.fail("optimizer", f"must be one of {optimizers.OPTIMIZERS}, got {optimizer!r}")
   validation.check_number("learning_rate", learning_rate, low=0.0, low_open=True)
   if clip_norm is not None:
     validation.check_number("clip_norm", clip_norm, low=0.0)
@@ -618,13 +620,13 @@ def fit(
   "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
   `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
   task's training examples. The optimiser gets the SDM projection when the model needs it
-  (`optim.for_model`); `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
+  (`optimizers.for_model`); `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
   Seeds are one compiled program. `workdir`: also write results.json, metrics.csv and TensorBoard
   event files there, as a configured run does (for checkpoints and resuming, save the arrays with
   `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`); one run
   at a time per workdir (`workdir.hold`).
 
-  Every argument is checked first, with the config schema's rules (`sdm_jax.validation`): x and
+  Every argument is checked first, with the config schema's rules (`sdm_jax.engine.validation`): x and
   test_x finite numbers of one feature shape; y and test_y integer labels, one per example, y
   holding every class of 0..C-1 and test_y no other; test_x with test_y; class_order each class
   once; classes_per_task dividing C; 1 <= k < neurons; positive counts, eval_every dividing
@@ -656,7 +658,7 @@ def fit(
 
 def _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir) -> dict:
   """`fit` once its arguments are checked: build, train, summarise (and write, given a workdir)."""
-  tx = optim.for_model(spec, optimizer, learning_rate, clip_norm=clip_norm)
+  tx = optimizers.for_model(spec, optimizer, learning_rate, clip_norm=clip_norm)
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
   engine = make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
   progress = Progress.start(len(seeds), tasks.num_tasks)

@@ -1,4 +1,4 @@
-"""Tests for sdm_jax.optim against hand-written PyTorch update formulas.
+"""Tests for sdm_jax.engine.optimizers against hand-written PyTorch update formulas.
 
 Every optimiser step is compared with the torch.optim update rule written out
 in numpy (torch is not a dependency); the SDM projection is checked to hold
@@ -13,8 +13,9 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax import models
-from sdm_jax import optim
+from sdm_jax.engine import models
+from sdm_jax.core import projection
+from sdm_jax.engine import optimizers
 
 LR = 0.1
 
@@ -48,7 +49,7 @@ def _assert_tree_close(actual, expected, **kwargs):
 
 def test_sgd_step_is_exact():
   p, g = _params(), _grads(1)
-  (after,) = _run(optim.make_optimizer("sgd", LR, clip_norm=None), p, [g])
+  (after,) = _run(optimizers.make_optimizer("sgd", LR, clip_norm=None), p, [g])
   lr = np.float32(LR)
   for key in p:
     np.testing.assert_array_equal(after[key], p[key] - lr * g[key])
@@ -56,7 +57,7 @@ def test_sgd_step_is_exact():
 
 def test_sgd_momentum_matches_torch_formula():
   p, gs = _params(), [_grads(s) for s in (1, 2, 3)]
-  history = _run(optim.make_optimizer("sgdm", LR, clip_norm=None), p, gs)
+  history = _run(optimizers.make_optimizer("sgdm", LR, clip_norm=None), p, gs)
   expected = {k: v.astype(np.float64) for k, v in p.items()}
   buf = None
   for step, g in enumerate(gs):
@@ -66,13 +67,13 @@ def test_sgd_momentum_matches_torch_formula():
     expected = {k: expected[k] - LR * buf[k] for k in g}
     _assert_tree_close(history[step], expected, rtol=1e-5, atol=1e-6)
   # Sanity: third step differs from plain SGD, i.e. momentum is active.
-  plain = _run(optim.make_optimizer("sgd", LR, clip_norm=None), p, gs)[-1]
+  plain = _run(optimizers.make_optimizer("sgd", LR, clip_norm=None), p, gs)[-1]
   assert not np.allclose(plain["a"], history[-1]["a"], atol=1e-3)
 
 
 def test_adam_matches_torch_formula():
   p, gs = _params(), [_grads(s) for s in (1, 2)]
-  history = _run(optim.make_optimizer("adam", LR, clip_norm=None), p, gs)
+  history = _run(optimizers.make_optimizer("adam", LR, clip_norm=None), p, gs)
   b1, b2, eps = 0.9, 0.999, 1e-8
   expected = {k: v.astype(np.float64) for k, v in p.items()}
   m = {k: 0.0 for k in p}
@@ -95,7 +96,7 @@ def test_adam_matches_torch_formula():
 
 def test_rmsprop_first_step_matches_torch_formula():
   p, g = _params(), _grads(1)
-  (after,) = _run(optim.make_optimizer("rmsprop", LR, clip_norm=None), p, [g])
+  (after,) = _run(optimizers.make_optimizer("rmsprop", LR, clip_norm=None), p, [g])
   expected = {}
   for k in p:
     gk = g[k].astype(np.float64)
@@ -108,7 +109,7 @@ def test_rmsprop_first_step_matches_torch_formula():
 
 def test_rmsprop_second_step_matches_torch_formula():
   p, gs = _params(), [_grads(1), _grads(2)]
-  history = _run(optim.make_optimizer("rmsprop", LR, clip_norm=None), p, gs)
+  history = _run(optimizers.make_optimizer("rmsprop", LR, clip_norm=None), p, gs)
   expected = {k: v.astype(np.float64) for k, v in p.items()}
   v = {k: 0.0 for k in p}
   for t, g in enumerate(gs):
@@ -124,7 +125,7 @@ def test_clip_by_global_norm():
   g = _grads(1)
   norm = np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in g.values()))
   g = {k: (v / norm * 10.0).astype(np.float32) for k, v in g.items()}  # global norm 10
-  (after,) = _run(optim.make_optimizer("sgd", LR, clip_norm=1.0), p, [g])
+  (after,) = _run(optimizers.make_optimizer("sgd", LR, clip_norm=1.0), p, [g])
   step = {k: p[k].astype(np.float64) - after[k] for k in p}
   step_norm = np.sqrt(sum(np.sum(s**2) for s in step.values()))
   np.testing.assert_allclose(step_norm, LR * 1.0, rtol=1e-4)
@@ -135,8 +136,8 @@ def test_clip_by_global_norm():
 def test_clip_leaves_small_gradients_alone():
   p = _params()
   g = {k: (v * 1e-2).astype(np.float32) for k, v in _grads(1).items()}  # global norm < 1
-  (clipped,) = _run(optim.make_optimizer("sgd", LR, clip_norm=1.0), p, [g])
-  (unclipped,) = _run(optim.make_optimizer("sgd", LR, clip_norm=None), p, [g])
+  (clipped,) = _run(optimizers.make_optimizer("sgd", LR, clip_norm=1.0), p, [g])
+  (unclipped,) = _run(optimizers.make_optimizer("sgd", LR, clip_norm=None), p, [g])
   _assert_tree_close(clipped, unclipped, rtol=1e-6)
 
 
@@ -145,7 +146,7 @@ def test_clip_leaves_small_gradients_alone():
 def test_projection_holds_after_many_steps(name):
   spec = models.sdmlp(20, 30, 5)
   projection = functools.partial(models.project_params, spec=spec)
-  tx = optim.make_optimizer(name, 0.5, projection=projection)
+  tx = optimizers.make_optimizer(name, 0.5, projection=projection)
   params = models.init_params(jax.random.key(0), spec)
   state = tx.init(params)
 
@@ -180,7 +181,7 @@ def test_projection_step_lands_on_projected_params():
   projection = functools.partial(models.project_params, spec=spec)
   params = models.init_params(jax.random.key(0), spec)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 3.0), params)
-  tx = optim.make_optimizer("sgd", 0.5, clip_norm=None, projection=projection)
+  tx = optimizers.make_optimizer("sgd", 0.5, clip_norm=None, projection=projection)
   updates, _ = tx.update(grads, tx.init(params), params)
   new = optax.apply_updates(params, updates)
   expected = projection(jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
@@ -190,20 +191,20 @@ def test_projection_step_lands_on_projected_params():
 def test_projection_update_without_params_raises():
   spec = models.sdmlp(4, 3, 2)
   params = models.init_params(jax.random.key(0), spec)
-  transform = optim.project_after_update(functools.partial(models.project_params, spec=spec))
+  transform = projection.project_after_update(functools.partial(models.project_params, spec=spec))
   state = transform.init(params)
   with pytest.raises(ValueError, match="params"):
     transform.update(params, state)
-  tx = optim.make_optimizer("sgd", LR, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer("sgd", LR, projection=functools.partial(models.project_params, spec=spec))
   with pytest.raises(ValueError, match="params"):
     tx.update(params, tx.init(params))
 
 
 def test_unknown_optimizer_raises():
   with pytest.raises(ValueError, match="optimizer.name"):
-    optim.make_optimizer("lamb", LR)
+    optimizers.make_optimizer("lamb", LR)
   with pytest.raises(ValueError, match="optimizer.name"):
-    optim.base_optimizer("SGD", LR)
+    optimizers.base_optimizer("SGD", LR)
 
 
 @pytest.mark.parametrize("name", ["lazy_sgdm", "lazy_adam", "lazy_rmsprop"])
@@ -212,7 +213,7 @@ def test_lazy_optimizers_in_the_chain_leave_silent_neurons_alone(name):
   gradient keeps its parameters; the others move."""
   spec = models.sdmlp(6, 4, 3, k=1)
   params = models.init_params(jax.random.PRNGKey(0), spec)
-  tx = optim.make_optimizer(name, 0.1, projection=functools.partial(models.project_params, spec=spec))
+  tx = optimizers.make_optimizer(name, 0.1, projection=functools.partial(models.project_params, spec=spec))
   state = tx.init(params)
   grads = jax.tree.map(jnp.ones_like, params)
   grads["hidden"]["kernel"] = grads["hidden"]["kernel"].at[:, 2].set(0.0)  # neuron 2 silent
@@ -226,13 +227,13 @@ def test_lazy_optimizers_in_the_chain_leave_silent_neurons_alone(name):
 
 def test_for_model_adds_the_projection_exactly_when_the_model_needs_it():
   import jax
-  from sdm_jax import models
+  from sdm_jax.engine import models
 
   sdm = models.sdmlp(6, 5, 3, k=2)
   relu = models.relu_mlp(6, 5, 3)
   for spec, constrained in ((sdm, True), (relu, False)):
     params = models.init_params(jax.random.PRNGKey(0), spec)
-    tx = optim.for_model(spec, "sgd", 10.0, clip_norm=None)  # a large step leaves the constraint set
+    tx = optimizers.for_model(spec, "sgd", 10.0, clip_norm=None)  # a large step leaves the constraint set
     grads = jax.tree.map(lambda p: jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
     updates, _ = tx.update(grads, tx.init(params), params)
     new = optax.apply_updates(params, updates)
@@ -244,110 +245,3 @@ def test_for_model_adds_the_projection_exactly_when_the_model_needs_it():
 # --------------------------------------------------------------------------- #
 # sdm_projection: the SDM constraint on the marked layers of any tree.
 # --------------------------------------------------------------------------- #
-
-
-def _cnn_params(seed=0):
-  """A CNN with an SDM head, Flax-Linen style: conv [3, 3, 1, 4] + bias, sdm [8, 6], out [6, 3] + bias."""
-  rng = np.random.default_rng(seed)
-  shapes = {
-    "conv": {"kernel": (3, 3, 1, 4), "bias": (4,)},
-    "sdm": {"kernel": (8, 6)},
-    "out": {"kernel": (6, 3), "bias": (3,)},
-  }
-  return jax.tree.map(
-    lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32), shapes, is_leaf=lambda s: isinstance(s, tuple)
-  )
-
-
-def test_sdm_projection_constrains_only_the_marked_layers_of_a_cnn():
-  params = _cnn_params()
-  grads = [_cnn_params(seed) for seed in (1, 2, 3)]
-  tx = optax.chain(optax.adam(0.1), optim.sdm_projection("sdm", nonnegative="out/kernel"))
-  plain = optax.adam(0.1)
-  got, want = params, params
-  state, plain_state = tx.init(params), plain.init(params)
-  for g in grads:
-    updates, state = jax.jit(tx.update)(g, state, got)
-    got = optax.apply_updates(got, updates)
-    plain_updates, plain_state = jax.jit(plain.update)(g, plain_state, want)
-    want = optax.apply_updates(want, plain_updates)
-  for path in (("conv", "kernel"), ("conv", "bias"), ("out", "bias")):  # untouched: adam's (up to XLA's fusion)
-    np.testing.assert_allclose(got[path[0]][path[1]], want[path[0]][path[1]], rtol=2e-6, atol=1e-7)
-  assert float(got["conv"]["kernel"].min()) < 0 and float(got["out"]["bias"].min()) < 0
-  sdm = np.asarray(got["sdm"]["kernel"])
-  assert sdm.min() >= 0
-  np.testing.assert_allclose(np.linalg.norm(sdm, axis=0), 1.0, rtol=1e-6)
-  assert np.asarray(got["out"]["kernel"]).min() == 0.0  # clamped (after every step, so not max(adam's, 0))
-
-
-def test_sdm_projection_normalises_each_filter_of_a_marked_conv_kernel():
-  params = _cnn_params()
-  tx = optim.sdm_projection("conv", positive=False)
-  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
-  conv = np.asarray(optax.apply_updates(params, updates)["conv"]["kernel"])
-  np.testing.assert_allclose(np.linalg.norm(conv.reshape(-1, 4), axis=0), 1.0, rtol=1e-6)
-  assert conv.min() < 0  # positive=False: signs kept
-  np.testing.assert_array_equal(optax.apply_updates(params, updates)["conv"]["bias"], params["conv"]["bias"])
-
-
-def test_sdm_projection_equals_project_params_on_the_sdmlp():
-  spec = models.sdmlp(5, 7, 3)
-  params = models.init_params(jax.random.key(0), spec)
-  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
-  ours = optax.chain(optax.sgd(0.5), optim.sdm_projection("hidden", nonnegative="output"))
-  builtin = optim.make_optimizer(
-    "sgd", 0.5, clip_norm=None, projection=functools.partial(models.project_params, spec=spec)
-  )
-  a = optax.apply_updates(params, ours.update(grads, ours.init(params), params)[0])
-  b = optax.apply_updates(params, builtin.update(grads, builtin.init(params), params)[0])
-  jax.tree.map(np.testing.assert_array_equal, a, b)
-
-
-def test_sdm_projection_takes_a_label_function():
-  params = _cnn_params()
-  labels = {
-    "conv": {"kernel": optim.FREE, "bias": optim.FREE},
-    "sdm": {"kernel": optim.ADDRESS},
-    "out": {"kernel": optim.NONNEGATIVE, "bias": optim.FREE},
-  }
-  by_labels = optim.sdm_projection(labels=lambda p: labels)
-  by_paths = optim.sdm_projection("sdm", nonnegative="out/kernel")
-  zero = jax.tree.map(jnp.zeros_like, params)
-  a = by_labels.update(zero, by_labels.init(params), params)[0]
-  b = by_paths.update(zero, by_paths.init(params), params)[0]
-  jax.tree.map(np.testing.assert_array_equal, a, b)
-
-
-@pytest.mark.parametrize(
-  "kwargs, message",
-  [
-    (dict(addresses="head"), r"^addresses: no parameter at path 'head'; the tree has \['conv/bias', 'conv/kernel'"),
-    (dict(addresses="sdm/kernel/x"), r"^addresses: no parameter at path 'sdm/kernel/x'"),
-    (dict(addresses="sdm", nonnegative="outs"), r"^nonnegative: no parameter at path 'outs'"),
-    (dict(addresses="out/bias", normalize=True, labels=None), None),  # a bias alone is only clamped: fine
-  ],
-)
-def test_sdm_projection_refuses_a_missing_or_misshapen_layer_at_init(kwargs, message):
-  tx = optim.sdm_projection(**kwargs)
-  if message is None:
-    tx.init(_cnn_params())
-    return
-  with pytest.raises(ValueError, match=message):
-    tx.init(_cnn_params())
-
-
-def test_sdm_projection_refuses_an_address_with_one_axis():
-  params = {**_cnn_params(), "norm": {"scale": jnp.ones(4)}}
-  for tx in (
-    optim.sdm_projection("norm"),
-    optim.sdm_projection(labels=lambda p: jax.tree.map(lambda _: optim.ADDRESS, p)),
-  ):
-    with pytest.raises(ValueError, match=r"^addresses: the parameter at 'norm/scale' has shape \(4,\)"):
-      tx.init(params)
-
-
-def test_sdm_projection_refuses_nothing_marked():
-  with pytest.raises(ValueError, match="^addresses: mark at least one layer"):
-    optim.sdm_projection()
-  with pytest.raises(ValueError, match="^nonnegative: clamping needs positive=True"):
-    optim.sdm_projection("sdm", nonnegative="out", positive=False)

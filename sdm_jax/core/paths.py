@@ -6,8 +6,8 @@ Synopsis::
     tree = paths.labels(params, {"address": marked})                    # "address" / "free" per leaf
 
 A marked path names a leaf or a subtree (every leaf under it); a leaf's path is its keys' names,
-with NNX's `.value` left out (`path_of`). `sdm_jax.optim.sdm_projection` and
-`sdm_jax.lazy.lazy_layers` mark the SDM layers of a user's model this way and hand the labels to
+with NNX's `.value` left out (`path_of`). `sdm_jax.core.projection.sdm_projection` and
+`sdm_jax.core.lazy.lazy_layers` mark the SDM layers of a user's model this way and hand the labels to
 `optax.partition`.
 """
 

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    from sdm_jax import workdir as workdir_lib
+    from sdm_jax.runs import workdir as workdir_lib
     workdir_lib.check_free(path)        # refuses at once if a live run holds it (writes nothing)
     workdir_lib.check_writable(path)    # a file, read-only, a full disk: refused in one line
     with workdir_lib.hold(path):        # creates path; the lock dies with this process

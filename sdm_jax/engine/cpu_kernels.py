@@ -27,7 +27,7 @@ regulariser's quadratic penalty (EWC, MAS, SI's penalty, L2: `regularizers.penal
 form), whose gradient is elementwise: only the rows it touches are read, and a row only the
 penalty moves is read once per step (its norm share is carried from the last step's update pass);
 `sparse_update_path_integral` also accumulates SI's path integral on the rows the slots touch.
-Source: `sdm_jax/csrc/sparse_step.cc`.
+Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
 -march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else

@@ -1,19 +1,16 @@
-"""Optax chains for SDM training: clip, optimiser, then the SDM projection.
+"""The SDM constraint as optax transformations, for any parameter tree.
 
 Synopsis::
 
-    tx = optim.make_optimizer("sgd", learning_rate=0.05, clip_norm=1.0,
-                              projection=functools.partial(models.project_params, spec=spec))
-    opt_state = tx.init(params)
+    tx = optax.chain(optax.sgd(0.05), projection.sdm_projection("sdm", nonnegative="out"))
     updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)   # params now satisfy the constraint
+    params = optax.apply_updates(params, updates)   # 'sdm': >= 0, unit-norm addresses; 'out': >= 0
 
-The authors' training step (TrentBrick/SDMContinualLearner, models/Base_Model.py:
-manual optimisation, then `on_train_batch_end`; docs/reference_code.md#training-step)
-clips the global gradient norm to 1.0, steps the optimiser, then clamps every
-parameter >= 0 and renormalises the neuron addresses. `project_after_update`
-puts that last step inside the optax chain so a TrainState never holds an
-unconstrained parameter.
+The authors' training step (TrentBrick/SDMContinualLearner, models/Base_Model.py: manual
+optimisation, then `on_train_batch_end`) clips the global gradient norm, steps the optimiser, then
+clamps every parameter >= 0 and renormalises the neuron addresses (paper App. A.5 items 2-4).
+`project_after_update` puts that last step inside an optax chain, so a training state never holds an
+unconstrained parameter; `sdm_projection` applies it to the marked layers of any model.
 """
 
 from __future__ import annotations
@@ -24,11 +21,9 @@ from typing import Callable
 import jax
 import optax
 
-from sdm_jax import layers, lazy, models, paths
+from sdm_jax.core import paths, topk
 
 ADDRESS, NONNEGATIVE, FREE = "sdm_address", "sdm_nonnegative", "free"
-
-OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
 
 
 def project_after_update(projection: Callable) -> optax.GradientTransformation:
@@ -52,75 +47,10 @@ def project_after_update(projection: Callable) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def base_optimizer(
-  name: str, learning_rate: float, *, momentum: float = 0.9, weight_decay: float = 0.0
-) -> optax.GradientTransformation:
-  """The authors' optimisers, torch defaults where optax's differ.
-
-  As in TrentBrick/SDMContinualLearner, models/Base_Model.py, `configure_optimizers`
-  (docs/reference_code.md#training-step).
-  """
-  if name == "sgd":
-    return optax.sgd(learning_rate)
-  if name == "sgdm":
-    # torch SGD momentum: buffer = mu * buffer + g; step = lr * buffer (no dampening).
-    return optax.sgd(learning_rate, momentum=momentum)
-  if name == "adam":
-    return optax.adam(learning_rate)  # torch defaults: b1 .9, b2 .999, eps 1e-8
-  if name == "rmsprop":
-    # torch RMSprop: alpha .99, eps 1e-8 added outside the sqrt, no momentum.
-    return optax.rmsprop(learning_rate, decay=0.99, eps=1e-8, eps_in_sqrt=False)
-  if name == "adamw":
-    return optax.adamw(learning_rate, weight_decay=weight_decay)
-  # Lazy variants (sdm_jax/lazy.py): a neuron silent for the whole batch keeps its optimiser
-  # state and gets no update, the cure for stale momentum the paper proposes (App. "Stale Momentum").
-  if name == "lazy_sgdm":
-    return lazy.lazy_sgdm(learning_rate, momentum=momentum)
-  if name == "lazy_adam":
-    return lazy.lazy_adam(learning_rate)
-  if name == "lazy_rmsprop":
-    return lazy.lazy_rmsprop(learning_rate)
-  raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
-
-
-def make_optimizer(
-  name: str,
-  learning_rate: float,
-  *,
-  clip_norm: float | None = 1.0,
-  momentum: float = 0.9,
-  weight_decay: float = 0.0,
-  projection: Callable | None = None,
-) -> optax.GradientTransformation:
-  """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint."""
-  parts = []
-  if clip_norm:
-    parts.append(optax.clip_by_global_norm(clip_norm))
-  parts.append(base_optimizer(name, learning_rate, momentum=momentum, weight_decay=weight_decay))
-  if projection is not None:
-    parts.append(project_after_update(projection))
-  return optax.chain(*parts)
-
-
-def for_model(
-  spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options
-) -> optax.GradientTransformation:
-  """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
-  addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
-  momentum, weight_decay."""
-  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
-  return make_optimizer(name, learning_rate, projection=projection, **options)
-
-
-# --------------------------------------------------------------------------- #
-# The SDM constraint on the marked layers of any parameter tree.
-# --------------------------------------------------------------------------- #
-
-
 def normalize_addresses(kernel: jax.Array) -> jax.Array:
   """Unit L2 norm of each neuron's address: the last axis indexes neurons ([in, out] dense, [h, w,
   in, out] convolution kernels), every other axis is the address. An all-zero address stays zero."""
-  return layers.l2_normalize(kernel.reshape(-1, kernel.shape[-1]), axis=0).reshape(kernel.shape)
+  return topk.l2_normalize(kernel.reshape(-1, kernel.shape[-1]), axis=0).reshape(kernel.shape)
 
 
 def sdm_projection(

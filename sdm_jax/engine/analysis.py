@@ -4,7 +4,9 @@ Synopsis::
 
     import json
     import ml_collections
-    from sdm_jax import analysis, data, final_state, metric_writers
+    from sdm_jax import data
+    from sdm_jax.engine import analysis
+    from sdm_jax.runs import final_state, metric_writers
     from experiments import schema
 
     run = "/tmp/an/sdmlp"  # a finished `python -m experiments.split_mnist ... --workdir=/tmp/an/sdmlp`
@@ -52,7 +54,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from sdm_jax import metric_writers, metrics
+from sdm_jax.engine import metrics
+from sdm_jax.runs import metric_writers
 
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
 COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
@@ -366,7 +369,7 @@ class NeuronStats(NamedTuple):
 def _hidden_fn(spec):
   import jax
 
-  from sdm_jax import models, train
+  from sdm_jax.engine import models, train
 
   def fn(params, x_uint8, gaba_counts, k):
     _, hidden = models.forward(params, train.to_float_input(x_uint8), spec=spec, k=k, gaba_counts=gaba_counts)
@@ -384,7 +387,7 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
   """
   import jax.numpy as jnp
 
-  from sdm_jax import models
+  from sdm_jax.engine import models
 
   fn = _hidden_fn(spec)
   counts = jnp.zeros((spec.neurons,), jnp.float32) if gaba_counts is None else jnp.asarray(gaba_counts)

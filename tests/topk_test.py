@@ -1,11 +1,11 @@
-"""Tests for sdm_jax.layers against independent references (a sort, hand-derived values)."""
+"""Tests for sdm_jax.core.topk against independent references (a sort, hand-derived values)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdm_jax import layers
+from sdm_jax.core import topk
 
 METHODS = ("bisect", "chunked", "peel", "top_k", "sort")
 
@@ -28,7 +28,7 @@ def _sorted_kth(a, k):
 def test_kth_largest_matches_sort_with_traced_k(method, ties):
   a = _random_activations(0, (16, 97), ties)
   k_bound = 40
-  fn = jax.jit(lambda a, k: layers.kth_largest(a, k, method=method, k_bound=k_bound))
+  fn = jax.jit(lambda a, k: topk.kth_largest(a, k, method=method, k_bound=k_bound))
   for k in (1, 2, 11, 25, 40):
     np.testing.assert_array_equal(np.asarray(fn(a, k)), _sorted_kth(a, k), err_msg=f"k={k}")
   assert fn._cache_size() == 1  # k is traced: one compile for every k
@@ -36,7 +36,7 @@ def test_kth_largest_matches_sort_with_traced_k(method, ties):
 
 def test_bisect_handles_any_k_up_to_r_and_beyond():
   a = _random_activations(1, (8, 50), ties=True)
-  fn = jax.jit(lambda a, k: layers.kth_largest(a, k, method="bisect"))
+  fn = jax.jit(lambda a, k: topk.kth_largest(a, k, method="bisect"))
   for k in range(1, 51):
     np.testing.assert_array_equal(np.asarray(fn(a, k)), _sorted_kth(a, k))
   # k > r (start of k annealing with k_max = r, threshold of rank k+1): nothing subtracted.
@@ -46,19 +46,19 @@ def test_bisect_handles_any_k_up_to_r_and_beyond():
 @pytest.mark.slow
 def test_negative_zero_counts_as_zero():
   a = jnp.array([[-0.0, 0.5, 0.25, -0.0]], jnp.float32)
-  assert float(layers.kth_largest(a, 3, method="bisect")[0]) == 0.0
-  assert float(layers.kth_largest(a, 2, method="bisect")[0]) == 0.25
+  assert float(topk.kth_largest(a, 3, method="bisect")[0]) == 0.0
+  assert float(topk.kth_largest(a, 2, method="bisect")[0]) == 0.25
 
 
 def test_auto_is_exact_and_vmaps():
   a = _random_activations(2, (4, 8, 300), ties=False)
-  out = jax.vmap(lambda x: layers.kth_largest(x, 11, k_bound=11))(a)
+  out = jax.vmap(lambda x: topk.kth_largest(x, 11, k_bound=11))(a)
   np.testing.assert_array_equal(np.asarray(out), _sorted_kth(a, 11))
 
 
 def test_threshold_has_no_gradient():
   a = jnp.asarray(_random_activations(3, (2, 20), ties=False))
-  g = jax.grad(lambda a: layers.kth_largest(a, 3).sum())(a)
+  g = jax.grad(lambda a: topk.kth_largest(a, 3).sum())(a)
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
@@ -66,7 +66,7 @@ def test_threshold_has_no_gradient():
 def test_subtract_leaves_exactly_k_active():
   a = jnp.asarray(_random_activations(4, (32, 1000), ties=False))
   for k in (1, 10, 100):
-    out = layers.topk_subtract(a, layers.kth_largest(a, k + 1, k_bound=k + 1))
+    out = topk.topk_subtract(a, topk.kth_largest(a, k + 1, k_bound=k + 1))
     np.testing.assert_array_equal(np.asarray((out > 0).sum(-1)), k)
     # Survivors are the top-k, shifted down by the (k+1)-th value (Eq. 4).
     top = np.sort(np.asarray(a), -1)[:, ::-1]
@@ -75,7 +75,7 @@ def test_subtract_leaves_exactly_k_active():
 
 def test_mask_keeps_raw_topk_values():
   a = jnp.asarray(_random_activations(5, (8, 200), ties=False))
-  out = np.asarray(layers.topk_mask(a, layers.kth_largest(a, 10, k_bound=10)))
+  out = np.asarray(topk.topk_mask(a, topk.kth_largest(a, 10, k_bound=10)))
   np.testing.assert_array_equal((out > 0).sum(-1), 10)
   top = np.sort(np.asarray(a), -1)[:, ::-1][:, :10]
   np.testing.assert_array_equal(np.sort(out, -1)[:, ::-1][:, :10], top)
@@ -84,34 +84,34 @@ def test_mask_keeps_raw_topk_values():
 def test_gaba_lambda_schedule_hand_values():
   T = 1000.0
   counts = jnp.array([0.0, 250.0, 500.0, 750.0, 1000.0, 5000.0])
-  np.testing.assert_allclose(np.asarray(layers.gaba_lambda(counts, T)), [-1.0, -0.5, 0.0, 0.5, 1.0, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(topk.gaba_lambda(counts, T)), [-1.0, -0.5, 0.0, 0.5, 1.0, 1.0], rtol=1e-6)
 
 
 @pytest.mark.slow
 def test_gaba_excites_everyone_before_and_is_topk_after_the_switch():
   a = jnp.asarray(_random_activations(6, (16, 500), ties=False))
-  thr = layers.kth_largest(a, 11, k_bound=11)
-  before = layers.topk_subtract(a, thr, layers.gaba_lambda(jnp.zeros(500), 100.0))
+  thr = topk.kth_largest(a, 11, k_bound=11)
+  before = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.zeros(500), 100.0))
   np.testing.assert_allclose(np.asarray(before), np.asarray(a + thr[:, None]), rtol=1e-6)  # lambda = -1
-  after = layers.topk_subtract(a, thr, layers.gaba_lambda(jnp.full(500, 100.0), 100.0))
+  after = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.full(500, 100.0), 100.0))
   np.testing.assert_array_equal(np.asarray((after > 0).sum(-1)), 10)
 
 
 def test_linear_k_schedule_eq4():
   # k_max 1000 -> k_target 10 over s = 200 epochs: k_t = max(10, floor(1000 - 4.95 E)).
-  ks = [int(layers.linear_k(e, k_max=1000, k_target=10, transition_epochs=200)) for e in (0, 1, 2, 100, 199, 200, 500)]
+  ks = [int(topk.linear_k(e, k_max=1000, k_target=10, transition_epochs=200)) for e in (0, 1, 2, 100, 199, 200, 500)]
   assert ks == [1000, 995, 990, 505, 14, 10, 10]
-  traced = jax.jit(lambda e: layers.linear_k(e, k_max=1000, k_target=10, transition_epochs=200))
+  traced = jax.jit(lambda e: topk.linear_k(e, k_max=1000, k_target=10, transition_epochs=200))
   assert int(traced(3)) == 985
 
 
 def test_sdm_input_is_relu_then_unit_norm():
   x = jnp.array([[3.0, -1.0, 4.0], [0.0, 0.0, 0.0]])
-  out = np.asarray(layers.sdm_input(x))
+  out = np.asarray(topk.sdm_input(x))
   np.testing.assert_allclose(out[0], [0.6, 0.0, 0.8])
   np.testing.assert_array_equal(out[1], 0.0)  # no NaN for an all-zero example
 
 
 def test_unknown_threshold_method():
   with pytest.raises(ValueError, match="threshold_method"):
-    layers.kth_largest(jnp.ones((1, 4)), 2, method="heap")
+    topk.kth_largest(jnp.ones((1, 4)), 2, method="heap")

@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sdm_jax import mesh as mesh_lib
-from sdm_jax import models, regularizers, sparse
-from sdm_jax.metrics import DEAD_ACTIVITY_THRESHOLD  # (re-exported: train.DEAD_ACTIVITY_THRESHOLD)
+from sdm_jax.runs import mesh as mesh_lib
+from sdm_jax.engine import models, regularizers, sparse
+from sdm_jax.engine.metrics import DEAD_ACTIVITY_THRESHOLD  # (re-exported: train.DEAD_ACTIVITY_THRESHOLD)
 
 
 @flax.struct.dataclass
@@ -81,7 +81,7 @@ class EpochMetrics(NamedTuple):
   accuracy: jax.Array
   dead_fraction: jax.Array  # summed activation over the epoch < 1e-4 (docs/reference_code.md#dead-neurons)
   active_per_example: jax.Array  # mean number of neurons > 0 per example
-  sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/sparse.py)
+  sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py)
 
 
 def init_state(
@@ -197,7 +197,7 @@ def train_step(
   """One optimiser step on one (possibly partly padded) batch.
 
   Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
-  With `data_axis` (a `shard_map` axis; see `sdm_jax.mesh`) the batch is this
+  With `data_axis` (a `shard_map` axis; see `sdm_jax.runs.mesh`) the batch is this
   device's slice: gradients, loss, counts and GABA counters are summed over the
   axis, so every slice takes the same step as one device with the whole batch
   (dropout masks differ: each slice draws its own).
@@ -352,7 +352,7 @@ def train_epochs(
 ):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
-  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.sparse`;
+  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.sparse`;
   the caller checks it is exact); the hidden kernel is carried neuron-major
   inside the block and transposed back at its end.
   """
@@ -466,7 +466,7 @@ def make_train_block(
       -> projection chain, computed only for the active units). Needs
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
       where `metrics.sparse_fraction` is 1: run it through `run_block`.
-    mesh: a `sdm_jax.mesh` Mesh: the seeds (padded to a multiple of its
+    mesh: a `sdm_jax.runs.mesh` Mesh: the seeds (padded to a multiple of its
       `seed` axis) are split over `seed`, each batch over `data`; None: one device.
   """
   if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularizer=regularizer):

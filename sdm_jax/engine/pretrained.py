@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sdm_jax import final_state, regularizers, train
+from sdm_jax.engine import regularizers, train
+from sdm_jax.runs import final_state
 
 FINAL_STATE = "final_state.npz"
 # Model fields that define the pretrained hidden layer and its behaviour: the authors' code inherits

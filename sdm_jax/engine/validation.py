@@ -7,7 +7,7 @@ the example's index. They are numpy only: a refusal comes before anything is com
 
 Synopsis::
 
-    from sdm_jax import validation
+    from sdm_jax.engine import validation
     validation.check_int("epochs_per_task", 0)           # ValueError: epochs_per_task: must be positive, got 0
     x = validation.check_features("x", x)               # numeric, [N, ...], finite
     y = validation.check_labels("y", y, len(x), "x")    # integers >= 0, one per example
@@ -22,9 +22,10 @@ from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from sdm_jax import layers, models, regularizers
+from sdm_jax.core import topk
+from sdm_jax.engine import models, regularizers
 
-# TrainState.epoch and .step are int32 (sdm_jax/train.py): a run longer than this would wrap them
+# TrainState.epoch and .step are int32 (sdm_jax/engine/train.py): a run longer than this would wrap them
 # (the epoch drives the k schedule, Eq. 4; the step seeds dropout).
 COUNTER_MAX = 2**31 - 1
 SEED_RANGE = 2**32  # numpy's RandomState (the class orders) and jax.random.PRNGKey take no other
@@ -113,7 +114,7 @@ def check_model(m: Any, prefix: str = "", *, uses_topk: bool) -> None:
       fail(prefix + "k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
   if not 0.0 <= m.dropout < 1.0:
     fail(prefix + "dropout", f"must be in [0, 1), got {m.dropout}")
-  if m.threshold_method not in layers.THRESHOLD_METHODS:
+  if m.threshold_method not in topk.THRESHOLD_METHODS:
     fail(prefix + "threshold_method", f"unknown method {m.threshold_method!r}")
 
 

@@ -3,7 +3,7 @@
 Synopsis::
 
     import functools
-    from sdm_jax import models, regularizers as reg
+    from sdm_jax.engine import models, regularizers as reg
 
     logits_fn = lambda p, x: models.forward(p, x, spec=spec, gaba_counts=counts)[0]  # eval mode
     state = reg.init(params, num_slots=num_tasks - 1)           # EWC: one slot per past task

@@ -1,0 +1,86 @@
+"""The paper's optimiser chains: clip, one of the authors' optimisers, then the SDM projection.
+
+Synopsis::
+
+    tx = optimizers.for_model(spec, "sgd", learning_rate=0.05)   # clip 1.0 -> sgd -> projection
+    opt_state = tx.init(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)   # params now satisfy the constraint
+
+The authors' training step (TrentBrick/SDMContinualLearner, models/Base_Model.py:
+manual optimisation, then `on_train_batch_end`; docs/reference_code.md#training-step)
+clips the global gradient norm to 1.0, steps the optimiser, then clamps every
+parameter >= 0 and renormalises the neuron addresses (`sdm_jax.core.projection`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import optax
+
+from sdm_jax.core import lazy, projection as projection_lib
+from sdm_jax.engine import models
+
+OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
+
+
+def base_optimizer(
+  name: str, learning_rate: float, *, momentum: float = 0.9, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
+  """The authors' optimisers, torch defaults where optax's differ.
+
+  As in TrentBrick/SDMContinualLearner, models/Base_Model.py, `configure_optimizers`
+  (docs/reference_code.md#training-step).
+  """
+  if name == "sgd":
+    return optax.sgd(learning_rate)
+  if name == "sgdm":
+    # torch SGD momentum: buffer = mu * buffer + g; step = lr * buffer (no dampening).
+    return optax.sgd(learning_rate, momentum=momentum)
+  if name == "adam":
+    return optax.adam(learning_rate)  # torch defaults: b1 .9, b2 .999, eps 1e-8
+  if name == "rmsprop":
+    # torch RMSprop: alpha .99, eps 1e-8 added outside the sqrt, no momentum.
+    return optax.rmsprop(learning_rate, decay=0.99, eps=1e-8, eps_in_sqrt=False)
+  if name == "adamw":
+    return optax.adamw(learning_rate, weight_decay=weight_decay)
+  # Lazy variants (sdm_jax/core/lazy.py): a neuron silent for the whole batch keeps its optimiser
+  # state and gets no update, the cure for stale momentum the paper proposes (App. "Stale Momentum").
+  if name == "lazy_sgdm":
+    return lazy.lazy_sgdm(learning_rate, momentum=momentum)
+  if name == "lazy_adam":
+    return lazy.lazy_adam(learning_rate)
+  if name == "lazy_rmsprop":
+    return lazy.lazy_rmsprop(learning_rate)
+  raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def make_optimizer(
+  name: str,
+  learning_rate: float,
+  *,
+  clip_norm: float | None = 1.0,
+  momentum: float = 0.9,
+  weight_decay: float = 0.0,
+  projection: Callable | None = None,
+) -> optax.GradientTransformation:
+  """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint."""
+  parts = []
+  if clip_norm:
+    parts.append(optax.clip_by_global_norm(clip_norm))
+  parts.append(base_optimizer(name, learning_rate, momentum=momentum, weight_decay=weight_decay))
+  if projection is not None:
+    parts.append(projection_lib.project_after_update(projection))
+  return optax.chain(*parts)
+
+
+def for_model(
+  spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options
+) -> optax.GradientTransformation:
+  """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
+  addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
+  momentum, weight_decay."""
+  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  return make_optimizer(name, learning_rate, projection=projection, **options)
