@@ -318,7 +318,11 @@ class _Speed:
 
   def line(self, num_seeds: int, task: int, block_in_task: int) -> str:
     if not self.seconds:
-      return "rate and ETA from the next block (this one compiled)"
+      return (
+        f"rate and ETA from the next block (this one compiled); rate in seed-steps/s = optimiser steps per "
+        f"second summed over the {num_seeds} model{'s' if num_seeds > 1 else ''} trained together (one per seed "
+        "and population value)"
+      )
     rate = self.steps / self.seconds
     remaining = sum(self.steps_per_block[task + 1 :]) * self.blocks_per_task + self.steps_per_block[task] * (
       self.blocks_per_task - block_in_task - 1
