@@ -98,7 +98,7 @@ def _spec(mode: str, n: int, r: int) -> models.ModelSpec:
     return models.sdmlp(
       n, r, 10, k=10, k_schedule="linear", k_transition_epochs=LINEAR_S, threshold_method=_THRESHOLD.value
     )
-  return models.sdmlp(n, r, 10, k=10, gaba_switch_activations=1000.0, threshold_method=_THRESHOLD.value)
+  return models.sdmlp(n, r, 10, k=10, switch_activations=1000.0, threshold_method=_THRESHOLD.value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +132,7 @@ def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
   """A function that runs (and waits for) one more epoch; returns mean active units per example."""
   spec = _spec(mode, n, r)
   tx = optimizers.make_optimizer(
-    "sgd", _LR, projection=functools.partial(models.project_params, spec=spec) if spec.constrained else None
+    "sgd", _LR, projection=functools.partial(models.project_params, spec=spec) if spec.hidden.constrained else None
   )
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
   if mode in ("switched", "sparse", "sparse_xla"):

@@ -75,8 +75,8 @@ def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None):
     saved = final_state.load(main_job_state)
     params = jax.tree.map(lambda a: jnp.asarray(a[:1]), saved.params)
     states = states.replace(params=params, gaba_counts=jnp.asarray(saved.gaba_counts[:1]))
-  elif spec.k_schedule == "gaba":
-    states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, spec.gaba_switch_activations))
+  elif spec.hidden.k_schedule == "gaba":
+    states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, spec.hidden.switch_activations))
   if regularizer is not None:
     end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
     states = end_task(states, x, y, sizes, jnp.int32(0))

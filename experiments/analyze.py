@@ -301,7 +301,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   if shape is not None:
     out["fields"] = analysis.receptive_fields(kernel, stats[0].counts.sum(0), min(num_fields, spec.neurons), shape)
   if do_umap:
-    weights, data, kept = analysis.umap_inputs(kernel, x, stats[0].counts.sum(0), l2_norm=spec.l2_norm)
+    weights, data, kept = analysis.umap_inputs(kernel, x, stats[0].counts.sum(0), l2_norm=spec.hidden.l2_norm)
     if len(kept) < 5:
       out["umap_note"] = f"only {len(kept)} neurons fired more than {analysis.UMAP_MIN_ACTIVATIONS} times"
     else:

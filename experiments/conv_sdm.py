@@ -42,7 +42,7 @@ def head_names(c: ml_collections.ConfigDict) -> list[str]:
 def head_spec(c: ml_collections.ConfigDict, name: str, train_size: int) -> sdm_layer.SDMSpec:
   """The head `name` as an SDMSpec; raises ValueError naming config.heads for a bad one."""
   if name == "relu":
-    return sdm_layer.SDMSpec(neurons=c.neurons, k_schedule="none", positive=False, l2_norm=False, bias=True)
+    return sdm_layer.SDMSpec(neurons=c.neurons, k_schedule="none", positive=False, l2_norm=False, use_bias=True)
   try:
     k = int(name)
   except ValueError:

@@ -198,7 +198,7 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
   if config.model.get("gaba_switch_epochs", 0.0) > 0:
     logging.info(
       f"GABA switch: T = {config.model.gaba_switch_epochs:g} epochs x the first task's training examples "
-      f"= {spec.gaba_switch_activations:.0f} activations (model.gaba_switch_epochs)"
+      f"= {spec.hidden.switch_activations:.0f} activations (model.gaba_switch_epochs)"
     )
   tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
   seeds, values = schema.members(config)  # a population: every combination of values x every seed
@@ -374,7 +374,7 @@ def _train(
   spec = engine.spec
   logging.info(
     f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
-    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.k} ({spec.k_schedule}), "
+    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.hidden.k} ({spec.hidden.k_schedule}), "
     f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {list(config.seeds)}, "
     + (f"population of {len(seeds) // len(config.seeds)} values x {len(config.seeds)} seeds, " if values else "")
     + f"backend {jax.default_backend()}"
@@ -549,8 +549,8 @@ def _results(
     model=dict(
       kind=config.model.kind,
       neurons=config.model.neurons,
-      k=spec.k if spec else None,
-      k_schedule=spec.k_schedule if spec else None,
+      k=spec.hidden.k if spec else None,
+      k_schedule=spec.hidden.k_schedule if spec else None,
       n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
       regularizer=config.regularizer.method if config.get("regularizer") else "none",
     ),

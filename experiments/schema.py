@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from sdm_jax import data as data_lib
+from sdm_jax.core import sdm_layer
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.engine import continual, models, optimizers, regularizers, sparse, train, validation
 from sdm_jax.data import embeddings
@@ -117,9 +118,8 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
     _fail(
       "model.input_size", f"{m.input_size} does not match {config.dataset} inputs ({DATASETS[config.dataset]} features)"
     )
-  # The rules `continual.fit` applies to its model too (k < neurons, known schedules, ...).
-  validation.check_model(m, "config.model.", uses_topk=m.kind not in ("relu", "flymodel") and m.k_schedule != "none")
   if m.kind == "flymodel":
+    validation.check_int("config.model.neurons", m.neurons)
     if not 1 <= m.get("n_response", 0) <= m.input_size:
       _fail("model.n_response", f"inputs per Kenyon cell must be in [1, {m.input_size}], got {m.get('n_response')}")
     if m.neurons < 100:
@@ -134,6 +134,23 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
       f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
       f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}",
     )
+  if m.kind != "flymodel":
+    if (m.kind == "relu") != (m.k_schedule == "none"):
+      _fail(
+        "model.k_schedule",
+        f"model {m.kind!r} "
+        + ("has no Top-K: use 'none'" if m.kind == "relu" else "needs a Top-K schedule, not 'none'")
+        + f", got {m.k_schedule!r} (model.kind 'relu' is the plain ReLU layer)",
+      )
+    model_spec(config)  # the specs' own rules (1 <= k < neurons, known schedules, ...), named as config fields
+
+
+# The config's names of the specs' fields, where they differ (`model_spec`).
+MODEL_FIELD_NAMES = {
+  "switch_activations": "gaba_switch_activations",
+  "positive": "positive_weights",
+  "use_bias": "hidden_bias",
+}
 
 
 def _validate_optimizer(o: ml_collections.ConfigDict) -> None:
@@ -279,28 +296,26 @@ def _validate_population_field(config, field: str, where: str, values) -> None:
 
 
 def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
+  """The run's `models.ModelSpec` from `config.model` (every field honoured, for every kind but the
+  FlyModel, which has its own); a bad field raises ValueError naming it as config.model.<field>."""
   m = config.model
-  common = dict(
-    input_size=m.input_size, neurons=m.neurons, num_classes=m.num_classes, threshold_method=m.threshold_method
-  )
-  if m.kind == "relu":
-    return models.relu_mlp(dropout=m.dropout, **common)
-  fields = dict(
-    k=m.k,
-    k_schedule=m.k_schedule,
-    inhibition=m.inhibition,
-    gaba_switch_activations=float(m.gaba_switch_activations),
-    k_max=m.k_max or None,
-    k_transition_epochs=m.k_transition_epochs,
-    hidden_bias=m.hidden_bias,
-    output_bias=m.output_bias,
-    positive_weights=m.positive_weights,
-    l2_norm=m.l2_norm,
-    dropout=m.dropout,
-  )
-  if m.kind == "topk":
-    return models.topk_mlp(**{**common, **fields})
-  return models.sdmlp(**{**common, **fields})
+  try:
+    hidden = sdm_layer.SDMSpec(
+      neurons=m.neurons,
+      k=m.k,
+      k_schedule=m.k_schedule,
+      inhibition=m.inhibition,
+      switch_activations=float(m.gaba_switch_activations),
+      k_max=m.k_max or None,
+      k_transition_epochs=m.k_transition_epochs,
+      positive=m.positive_weights,
+      l2_norm=m.l2_norm,
+      use_bias=m.hidden_bias,
+      threshold_method=m.threshold_method,
+    )
+    return models.ModelSpec(m.input_size, m.num_classes, hidden, output_bias=m.output_bias, dropout=m.dropout)
+  except sdm_layer.SpecError as e:
+    _fail(f"model.{MODEL_FIELD_NAMES.get(e.field, e.field)}", e.message)
 
 
 def regularizer_spec(config: ml_collections.ConfigDict):

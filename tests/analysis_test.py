@@ -252,7 +252,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
     wall_time_s=12.0,
     machine="test",
     epochs_per_task=config.epochs_per_task,
-    model=dict(kind=config.model.kind, neurons=neurons, k=spec.k, k_schedule=spec.k_schedule),
+    model=dict(kind=config.model.kind, neurons=neurons, k=spec.hidden.k, k_schedule=spec.hidden.k_schedule),
     summary=dict(final_accuracy_mean=0.3, final_accuracy_sem=0.01, num_seeds=len(seeds)),
     per_seed=per_seed,
   )

@@ -13,6 +13,7 @@ import pytest
 
 from experiments.configs import split_mnist
 from sdm_jax import data
+from sdm_jax.core import sdm_layer
 from sdm_jax.engine import continual, models, optimizers, regularizers, train
 from sdm_jax.runs import metric_writers
 from sdm_jax.runs import workdir as workdir_lib
@@ -77,7 +78,7 @@ def test_a_fixed_t_too_large_for_small_data_warns(tmp_path):
   """The issue's case: MNIST's quick T (500K firings) on 1,437 digits never switches."""
   sklearn_datasets = pytest.importorskip("sklearn.datasets")
   digits = sklearn_datasets.load_digits()
-  spec = models.sdmlp(64, 200, 10, gaba_switch_activations=5e5)
+  spec = models.sdmlp(64, 200, 10, switch_activations=5e5)
   results = continual.fit(digits.data / 16.0, digits.target, model=spec, epochs_per_task=5, batch_size=32)
   assert len(results["warnings"]) == 5 and "GABA switch incomplete" in results["warnings"][0]
   scaled = continual.fit(
@@ -141,7 +142,7 @@ def _with(name, index, value):
 # One case per way the issue found `fit` training on wrong input or failing late: the changed
 # arguments, and the start of the message (the argument's name, then what is wrong with it).
 FIT_REFUSALS = {
-  "k above neurons": (dict(neurons=20, k=30), r"k: must satisfy 1 <= k < neurons \(20\), got 30"),
+  "k above neurons": (dict(neurons=20, k=30), r"k: must be < neurons \(the threshold .*\), got k=30, neurons=20"),
   "a label of -1": (dict(y=_with("y", 5, -1)), r"y: labels must be in 0\.\.C-1, got -1 at example 5"),
   "class_order invents a class": (dict(class_order=(0, 1, 2, 5)), r"class_order: 5 is not a class of the training"),
   "class_order drops a class": (dict(class_order=(0, 1, 3)), r"class_order: leaves out class 2 of"),
@@ -190,7 +191,6 @@ FIT_REFUSALS = {
   ),
   "unknown model": (dict(model="mlp"), r"model: must be a models\.ModelSpec or one of"),
   "a ModelSpec for other inputs": (dict(model=models.sdmlp(784, 20, 4)), r"model: input_size 784 does not match the 3"),
-  "a ModelSpec with k above neurons": (dict(model=models.sdmlp(3, 20, 4, k=20)), r"model\.k: must satisfy"),
   "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be one of"),
   "learning_rate 0": (dict(learning_rate=0.0), r"learning_rate: must be > 0, got 0\.0"),
   "a regulariser of strength 0": (
@@ -209,6 +209,12 @@ def test_fit_refuses_bad_input_naming_the_argument_before_anything_is_compiled_o
     continual.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
   assert time.perf_counter() - start < 1.0
   assert not (tmp_path / "run").exists()
+
+
+def test_a_model_spec_with_k_not_below_neurons_is_refused_where_it_is_built():
+  with pytest.raises(sdm_layer.SpecError, match=r"^k must be < neurons") as refused:
+    models.sdmlp(3, 20, 4, k=20)
+  assert refused.value.field == "k"
 
 
 def test_fit_refuses_a_workdir_it_cannot_use(tmp_path):

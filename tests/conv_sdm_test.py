@@ -32,9 +32,9 @@ def test_quick_config_is_the_committed_sweep():
 def test_head_specs():
   c = tiny_config()
   relu = conv_sdm.head_spec(c, "relu", 100)
-  assert (relu.k_schedule, relu.bias, relu.positive, relu.l2_norm) == ("none", True, False, False)
+  assert (relu.k_schedule, relu.use_bias, relu.positive, relu.l2_norm) == ("none", True, False, False)
   sdm = conv_sdm.head_spec(c, "3", 100)
-  assert (sdm.k, sdm.k_schedule, sdm.switch_activations, sdm.bias) == (3, "gaba", c.gaba_switch_epochs * 100, False)
+  assert (sdm.k, sdm.k_schedule, sdm.switch_activations, sdm.use_bias) == (3, "gaba", c.gaba_switch_epochs * 100, False)
 
 
 @pytest.mark.parametrize(

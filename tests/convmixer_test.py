@@ -169,7 +169,7 @@ def test_conv_sdm_step_counts_firing_and_constrains_only_the_head(positive):
 def test_conv_sdm_relu_head_has_biases_and_no_projection():
   from sdm_jax.core import sdm_layer
 
-  head = sdm_layer.SDMSpec(neurons=20, k_schedule="none", positive=False, l2_norm=False, bias=True)
+  head = sdm_layer.SDMSpec(neurons=20, k_schedule="none", positive=False, l2_norm=False, use_bias=True)
   _, state, step, images, labels = _conv_sdm(head)
   assert set(state["params"]["sdm"]) == {"kernel", "bias"} and "bias" in state["params"]["out"]
   state, _ = step(state, images, labels)

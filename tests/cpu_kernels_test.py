@@ -251,12 +251,12 @@ def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
   r, batch = 60, 32
   a = np.maximum(rng.normal(size=(r, batch)), 0).astype(np.float32)
   a[k // 2 + 1 :, 0] = 0.0  # example 0: fewer than k + 1 positive units, I = 0, some of its top k silent
-  spec = models.sdmlp(784, r, 10, k=k, gaba_switch_activations=100.0)
+  spec = models.sdmlp(784, r, 10, k=k, switch_activations=100.0)
   counts = np.full(r, 1e3, np.float32)
   if not switched:
     short = rng.random(r) < 0.3
     counts[short] = rng.random(short.sum()) * 100  # lambda in [-1, 1), distinct (no ties in relu(a - lambda I))
-  lam = np.asarray(topk.gaba_lambda(jnp.asarray(counts), spec.gaba_switch_activations))
+  lam = np.asarray(topk.gaba_lambda(jnp.asarray(counts), spec.hidden.switch_activations))
   num_slots = batch * capacity
   got, total = jax.jit(functools.partial(cpu_kernels.active_units, k=k, num_slots=num_slots))(a, lam)
   xla, xla_total = jax.jit(functools.partial(sparse._active_units, spec=spec, num_slots=num_slots))(a, lam)
@@ -293,7 +293,7 @@ def _mnist_task(per_task=500):
 
 def _switched_states(spec, tx, seeds):
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
-  return states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
+  return states.replace(gaba_counts=states.gaba_counts + spec.hidden.switch_activations)
 
 
 @pytest.mark.slow

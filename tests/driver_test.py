@@ -41,7 +41,7 @@ def _tiny(variant="sdmlp", **overrides):
   [
     ("model.k", 1000, "config.model.k:"),
     ("model.k", 0, "config.model.k:"),
-    ("model.k_max", 5, "config.model.k_max: k_target"),
+    ("model.k_max", 5, "config.model.k_max: must be an integer >= 10, got 5"),
     ("optimizer.learning_rate", 0.0, "config.optimizer.learning_rate"),
     ("optimizer.learning_rate", -1.0, "config.optimizer.learning_rate"),
     ("optimizer.name", "lion", "config.optimizer.name"),

@@ -247,7 +247,7 @@ def test_gradient_detects_exactly_the_neurons_that_did_not_fire_in_the_sdm_model
   params = models.project_params(models.init_params(jax.random.PRNGKey(0), spec), spec)
   x = jax.random.uniform(jax.random.PRNGKey(1), (4, 8))
   y = jnp.array([0, 1, 2, 0])
-  counts = jnp.full((12,), 2 * spec.gaba_switch_activations)  # λ = 1: full Top-K
+  counts = jnp.full((12,), 2 * spec.hidden.switch_activations)  # λ = 1: full Top-K
 
   def loss(p):
     logits, _ = models.forward(p, x, spec=spec, gaba_counts=counts)

@@ -152,7 +152,7 @@ def _engine_worker(workdir: str) -> dict:
   x = rng.integers(0, 256, (2, 200, 32), dtype=np.uint8)  # 2 tasks of (up to) 200 examples, 32 features
   y = rng.integers(0, 4, (2, 200)).astype(np.int32)
   sizes = np.array([200, 150], np.int32)  # the last batch of task 1 is partial: 150 = 4 x 32 + 22
-  spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
+  spec = models.sdmlp(32, 16, 4, k=3, switch_activations=300.0)
   tx = optimizers.make_optimizer(
     "sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec)
   )
@@ -248,7 +248,7 @@ def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir
   from sdm_jax.runs import checkpoint
 
   assert engine["checkpoint_sharded_on"] == 8
-  spec = models.sdmlp(32, 16, 4, k=3, gaba_switch_activations=300.0)
+  spec = models.sdmlp(32, 16, 4, k=3, switch_activations=300.0)
   tx = optimizers.make_optimizer(
     "sgd", 0.05, clip_norm=1.0, projection=functools.partial(models.project_params, spec=spec)
   )

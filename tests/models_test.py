@@ -57,7 +57,7 @@ def test_param_count_literals():
     (models.sdmlp(784, 10_000, 10), 7_940_000),
     (models.relu_mlp(784, 1000, 10), 795_010),
     (models.topk_mlp(784, 1000, 10), 795_010),
-    (models.sdmlp(784, 1000, 10, hidden_bias=True), 795_000),
+    (models.sdmlp(784, 1000, 10, use_bias=True), 795_000),
     (models.sdmlp(784, 1000, 10, output_bias=True), 794_010),
   ]
   for spec, expected in cases:
@@ -68,7 +68,7 @@ def test_param_count_literals():
 @pytest.mark.parametrize("hidden_bias", [False, True])
 @pytest.mark.parametrize("output_bias", [False, True])
 def test_leaf_shapes_are_in_out(hidden_bias, output_bias):
-  spec = models.sdmlp(6, 8, 3, hidden_bias=hidden_bias, output_bias=output_bias)
+  spec = models.sdmlp(6, 8, 3, k=3, use_bias=hidden_bias, output_bias=output_bias)
   params = models.init_params(jax.random.key(0), spec)
   expected = {"hidden": {"kernel": (6, 8)}, "output": {"kernel": (8, 3)}}
   if hidden_bias:
@@ -141,14 +141,14 @@ def _random_params(spec, seed=0):
 
 
 def test_project_params_is_idempotent():
-  spec = models.sdmlp(6, 8, 3, hidden_bias=True, output_bias=True)
+  spec = models.sdmlp(6, 8, 3, k=3, use_bias=True, output_bias=True)
   once = models.project_params(_random_params(spec), spec)
   twice = models.project_params(once, spec)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), once, twice)
 
 
 def test_project_params_clamps_every_leaf_and_normalises_hidden_columns():
-  spec = models.sdmlp(6, 8, 3, hidden_bias=True, output_bias=True)
+  spec = models.sdmlp(6, 8, 3, k=3, use_bias=True, output_bias=True)
   raw = _np_params(_random_params(spec, seed=3))
   projected = _np_params(models.project_params(jax.tree.map(jnp.asarray, raw), spec))
   for leaf in jax.tree.leaves(projected):
@@ -163,8 +163,8 @@ def test_project_params_clamps_every_leaf_and_normalises_hidden_columns():
 
 
 def test_project_params_without_positivity_only_normalises_columns():
-  spec = models.sdmlp(6, 8, 3, hidden_bias=True, output_bias=True, positive_weights=False)
-  assert spec.constrained
+  spec = models.sdmlp(6, 8, 3, k=3, use_bias=True, output_bias=True, positive=False)
+  assert spec.hidden.constrained
   raw = _np_params(_random_params(spec, seed=4))
   projected = _np_params(models.project_params(jax.tree.map(jnp.asarray, raw), spec))
   kernel = raw["hidden"]["kernel"]
@@ -175,7 +175,7 @@ def test_project_params_without_positivity_only_normalises_columns():
 
 
 def test_project_params_zero_column_stays_zero():
-  spec = models.sdmlp(6, 8, 3)
+  spec = models.sdmlp(6, 8, 3, k=3)
   params = _random_params(spec, seed=5)
   kernel = params["hidden"]["kernel"].at[:, 1].set(-jnp.abs(params["hidden"]["kernel"][:, 1]))
   projected = models.project_params({**params, "hidden": {"kernel": kernel}}, spec)
@@ -186,8 +186,8 @@ def test_project_params_zero_column_stays_zero():
 
 @pytest.mark.parametrize("make", [models.relu_mlp, models.topk_mlp])
 def test_baselines_are_unconstrained(make):
-  spec = make(6, 8, 3)
-  assert spec.constrained is False
+  spec = make(6, 8, 3, k=3) if make is models.topk_mlp else make(6, 8, 3)
+  assert spec.hidden.constrained is False
   params = _random_params(spec, seed=6)
   jax.tree.map(np.testing.assert_array_equal, models.project_params(params, spec), params)
 
@@ -222,7 +222,7 @@ def test_current_k_is_constant_for_other_schedules():
 
 
 def _tiny(**overrides):
-  fields = dict(gaba_switch_activations=TINY_T)
+  fields = dict(switch_activations=TINY_T)
   fields.update(overrides)
   spec = models.sdmlp(TINY_IN, TINY_NEURONS, TINY_CLASSES, k=TINY_K, **fields)
   params = models.init_params(jax.random.key(3), spec)
@@ -251,7 +251,7 @@ def test_forward_flat_subtract_matches_numpy():
 @pytest.mark.parametrize("count_fraction, lam", [(0.0, -1.0), (0.5, 0.0), (1.0, 1.0)])
 def test_forward_gaba_matches_numpy(count_fraction, lam):
   spec, params, x = _tiny()
-  assert spec.k_schedule == "gaba"
+  assert spec.hidden.k_schedule == "gaba"
   counts = jnp.full((TINY_NEURONS,), count_fraction * TINY_T)
   expected = _np_sdm_hidden(_np_params(params), x, TINY_K, lam=lam)
   _assert_forward_matches(spec, params, x, expected, gaba_counts=counts)
@@ -368,7 +368,7 @@ def test_relu_mlp_dropout_with_key_zeroes_half_and_scales_kept_by_two():
 @pytest.mark.slow
 def test_after_switch_exactly_k_active(k, count_scale, method):
   t = 100.0
-  spec = models.sdmlp(32, 200, 10, k=k, gaba_switch_activations=t, threshold_method=method)
+  spec = models.sdmlp(32, 200, 10, k=k, switch_activations=t, threshold_method=method)
   # Constrained random addresses (project_params is what init_params ends with).
   params = models.project_params(
     {

@@ -56,7 +56,7 @@ def _nnx_step(net, opt, x, y):
 def test_layer_matches_the_builtin_sdmlp_after_the_same_steps():
   """Same initial parameters, batches and optimiser (clip, SGD, projection): after 12 steps through
   the GABA switch the NNX layer's parameters, counters and forward pass equal the engine's."""
-  spec = models.sdmlp(IN, NEURONS, CLASSES, k=K, gaba_switch_activations=T)
+  spec = models.sdmlp(IN, NEURONS, CLASSES, k=K, switch_activations=T)
   tx = optimizers.for_model(spec, "sgd", 0.05)
   state = train.init_state(0, spec=spec, tx=tx)
   net = Net(nnx.Rngs(0))

@@ -189,7 +189,7 @@ def test_projection_step_lands_on_projected_params():
 
 
 def test_projection_update_without_params_raises():
-  spec = models.sdmlp(4, 3, 2)
+  spec = models.sdmlp(4, 3, 2, k=1)
   params = models.init_params(jax.random.key(0), spec)
   transform = projection.project_after_update(functools.partial(models.project_params, spec=spec))
   state = transform.init(params)

@@ -87,7 +87,7 @@ def test_sdm_projection_normalises_each_filter_of_a_marked_conv_kernel():
 
 
 def test_sdm_projection_equals_project_params_on_the_sdmlp():
-  spec = models.sdmlp(5, 7, 3)
+  spec = models.sdmlp(5, 7, 3, k=2)
   params = models.init_params(jax.random.key(0), spec)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
   ours = optax.chain(optax.sgd(0.5), projection.sdm_projection("hidden", nonnegative="output"))

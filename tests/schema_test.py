@@ -57,8 +57,8 @@ def test_a_config_becomes_the_specs_the_library_takes():
   config = split_mnist.get_config("sdmlp_ewc,quick")
   spec = schema.model_spec(config)
   assert isinstance(spec, models.ModelSpec)
-  assert (spec.input_size, spec.neurons, spec.num_classes, spec.k) == (784, 1000, 10, 10)
-  assert spec.gaba_switch_activations == config.model.gaba_switch_activations
+  assert (spec.input_size, spec.neurons, spec.num_classes, spec.hidden.k) == (784, 1000, 10, 10)
+  assert spec.hidden.switch_activations == config.model.gaba_switch_activations
   reg = schema.regularizer_spec(config)
   assert isinstance(reg, regularizers.RegularizerSpec)
   assert (reg.method, reg.strength, reg.beta) == ("ewc", config.regularizer.strength, config.regularizer.beta)

@@ -74,7 +74,7 @@ def test_linear_schedule_follows_eq4_with_a_traced_epoch(epoch, k):
 
 
 def test_without_positivity_or_norms():
-  spec, params = _layer(k_schedule="flat", positive=False, l2_norm=False, bias=True)
+  spec, params = _layer(k_schedule="flat", positive=False, l2_norm=False, use_bias=True)
   assert params["kernel"].min() < 0 and "bias" in params
   a_star = sdm_layer.activations(params, jnp.asarray(_x()), spec=spec)
   x = _x().astype(np.float64)
@@ -129,19 +129,19 @@ def test_wrong_feature_size_and_bad_epochs_are_refused():
 def test_sdmlp_hidden_layer_is_this_layer():
   """One implementation: models.init_params' hidden layer is sdm_layer.init on the same key, and
   models.hidden_activations is sdm_layer.activations on the ModelSpec's layer."""
-  spec = models.sdmlp(IN, NEURONS, 3, k=K, gaba_switch_activations=20.0)
+  spec = models.sdmlp(IN, NEURONS, 3, k=K, switch_activations=20.0)
   key = jax.random.key(11)
   params = models.init_params(key, spec)
   hidden_key, _ = jax.random.split(key)
-  np.testing.assert_array_equal(params["hidden"]["kernel"], sdm_layer.init(hidden_key, IN, spec.layer)["kernel"])
+  np.testing.assert_array_equal(params["hidden"]["kernel"], sdm_layer.init(hidden_key, IN, spec.hidden)["kernel"])
   counts = jnp.arange(NEURONS, dtype=jnp.float32)
   np.testing.assert_array_equal(
     models.hidden_activations(params, jnp.asarray(_x()), spec=spec, gaba_counts=counts),
-    sdm_layer.apply(params["hidden"], counts, jnp.asarray(_x()), spec=spec.layer)[0],
+    sdm_layer.apply(params["hidden"], counts, jnp.asarray(_x()), spec=spec.hidden)[0],
   )
-  # k >= neurons keeps every unit, which the layer spec states as the plain ReLU layer.
-  wide = models.sdmlp(IN, NEURONS, 3, k=NEURONS)
-  assert wide.layer.k_schedule == "none"
+  # k >= neurons would keep every unit: the spec refuses it instead of turning into a ReLU layer.
+  with pytest.raises(sdm_layer.SpecError, match="k must be < neurons"):
+    models.sdmlp(IN, NEURONS, 3, k=NEURONS)
 
 
 def test_project_clamps_then_normalises_columns_and_keeps_zero_columns():
@@ -192,3 +192,24 @@ def test_vmap_over_seeds_equals_separate_runs():
     np.testing.assert_array_equal(stacked[1][i], counts)
     np.testing.assert_allclose(stacked[0]["sdm"]["kernel"][i], params["sdm"]["kernel"], rtol=1e-6, atol=1e-7)
   assert float(topk.gaba_lambda(stacked[1], 16.0).max()) == 1.0  # the switch happened
+
+
+@pytest.mark.parametrize(
+  "fields, field, message",
+  [
+    (dict(neurons=20, k=30), "k", r"must be < neurons \(the threshold is the \(k\+1\)-th largest\), got k=30"),
+    (dict(neurons=0), "neurons", r"must be an integer >= 1, got 0"),
+    (dict(neurons=20, k=10, k_max=5), "k_max", r"must be an integer >= 10, got 5"),
+    (dict(neurons=20, k=10, k_max=30), "k_max", r"must be <= neurons \(20\), got 30"),
+    (dict(neurons=20, k_schedule="cosine"), "k_schedule", r"must be one of"),
+    (dict(neurons=20, switch_activations=0.0), "switch_activations", r"must be a finite number > 0"),
+  ],
+)
+def test_a_bad_spec_field_raises_a_spec_error_naming_it(fields, field, message):
+  with pytest.raises(sdm_layer.SpecError, match=f"^{field} {message}") as refused:
+    sdm_layer.SDMSpec(**fields)
+  assert refused.value.field == field
+
+
+def test_a_relu_layer_ignores_k():
+  assert sdm_layer.SDMSpec(neurons=8, k=30, k_schedule="none").uses_topk is False

@@ -59,7 +59,7 @@ def test_top_values_and_indices_match_a_sort(ties, r):
 def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   """From lambda = -1 (every unit fires: dense) through the switch (sparse blocks), same training."""
   x, y, sizes = _mnist_task()
-  spec = models.sdmlp(784, 60, 10, k=4, gaba_switch_activations=1000.0)
+  spec = models.sdmlp(784, 60, 10, k=4, switch_activations=1000.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
@@ -76,13 +76,13 @@ def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
     np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
     np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
   assert ran[:2] == [False, False] and ran[-1]  # dense while many units fire, sparse once <= 12 do
-  assert float(b.gaba_counts.min()) < spec.gaba_switch_activations  # some lambdas still < 1 at the end
+  assert float(b.gaba_counts.min()) < spec.hidden.switch_activations  # some lambdas still < 1 at the end
 
 
 def _switched_states(spec, tx, seeds):
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx)
-  if spec.k_schedule == "gaba":  # past the switch: every lambda = +1
-    states = states.replace(gaba_counts=states.gaba_counts + spec.gaba_switch_activations)
+  if spec.hidden.k_schedule == "gaba":  # past the switch: every lambda = +1
+    states = states.replace(gaba_counts=states.gaba_counts + spec.hidden.switch_activations)
   return states
 
 
@@ -101,7 +101,7 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
   if kernel == "ffi":  # the autouse fixture above put this case on the CPU device
     assert jax.config.jax_default_device == jax.devices("cpu")[0]
   x, y, sizes = _mnist_task()
-  spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, gaba_switch_activations=500.0)
+  spec = models.sdmlp(784, 40, 10, k=5, k_schedule=k_schedule, switch_activations=500.0)
   tx = optimizers.make_optimizer(
     "sgd", lr, clip_norm=clip_norm, projection=functools.partial(models.project_params, spec=spec)
   )
@@ -119,7 +119,7 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
     chex.assert_trees_all_close(a_metrics._replace(sparse_fraction=0), b_metrics._replace(sparse_fraction=0), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
   assert int(a.step[0]) == int(b.step[0])
-  assert float(b_metrics.active_per_example[0, -1]) <= spec.k
+  assert float(b_metrics.active_per_example[0, -1]) <= spec.hidden.k
   # The test is not vacuous: training moved the addresses, and clipping changed the step when on.
   start = _switched_states(spec, tx, [0, 1])
   assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
@@ -165,7 +165,7 @@ def test_automatic_address_path_and_touched_overflow():
   assert sgd.touched_capacity(models.sdmlp(784, 10_000, 10, k=10), 128) == 0
   assert sparse.SparseSGD(0.05, max_touched=0).touched_capacity(models.sdmlp(784, 1000, 10, k=10), 128) == 0
   x, y, sizes = _mnist_task()
-  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=500.0)
+  spec = models.sdmlp(784, 40, 10, k=5, switch_activations=500.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False)
   dense = train.make_train_block(**kwargs)
@@ -185,7 +185,7 @@ def test_automatic_address_path_and_touched_overflow():
   [
     (models.sdmlp(784, 50, 10, k_schedule="linear"), "sgd", "k_schedule"),
     (models.sdmlp(784, 50, 10), "sgdm", "optimizer"),
-    (models.sdmlp(784, 50, 10, hidden_bias=True), "sgd", "biases"),
+    (models.sdmlp(784, 50, 10, use_bias=True), "sgd", "biases"),
     (models.sdmlp(784, 50, 10, l2_norm=False), "sgd", "constraint"),
     (models.relu_mlp(784, 50, 10), "sgd", "k_schedule"),
   ],
@@ -209,7 +209,7 @@ def _partly_switched_states(spec, tx, seeds, regularizer=None):
   fire beyond the top k on many examples: the slots must hold more than k units per example."""
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=2)
   fraction = np.where(np.arange(spec.neurons) % 3 == 0, 0.8 + 0.15 * (np.arange(spec.neurons) % 2), 1.0)
-  return states.replace(gaba_counts=states.gaba_counts + np.float32(fraction * spec.gaba_switch_activations))
+  return states.replace(gaba_counts=states.gaba_counts + np.float32(fraction * spec.hidden.switch_activations))
 
 
 @pytest.mark.parametrize("kernel,max_touched", [("ffi", None), ("xla", None), ("xla", 0)])
@@ -220,16 +220,16 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
   if kernel == "ffi" and not cpu_kernels.available():
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=300)
-  spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)  # lambdas barely move in 2 epochs
+  spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)  # lambdas barely move in 2 epochs
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
-  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, max_touched=max_touched, kernel=kernel)
+  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, max_touched=max_touched, kernel=kernel)
   a, a_metrics = train.make_train_block(**kwargs)(_partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
   b, b_metrics = train.make_train_block(**kwargs, sparse_sgd=sgd)(
     _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
   )
   np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
-  assert float(b_metrics.active_per_example.min()) > 1.5 * spec.k  # on average
+  assert float(b_metrics.active_per_example.min()) > 1.5 * spec.hidden.k  # on average
   chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
   np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
   np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
@@ -261,10 +261,10 @@ def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer,
   if kernel == "ffi" and not cpu_kernels.available():
     pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=400)
-  spec = models.sdmlp(784, 60, 10, k=3, gaba_switch_activations=1e5)
+  spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer)
-  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.k, kernel=kernel)
+  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, kernel=kernel)
   dense, fast = train.make_train_block(**kwargs), train.make_train_block(**kwargs, sparse_sgd=sgd)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
   a = _partly_switched_states(spec, tx, [0, 1], regularizer)

@@ -36,7 +36,7 @@ def _mnist_tasks(per_task=600):
 
 def _setup(spec, lr=0.05, name="sgd"):
   tx = optimizers.make_optimizer(
-    name, lr, projection=functools.partial(models.project_params, spec=spec) if spec.constrained else None
+    name, lr, projection=functools.partial(models.project_params, spec=spec) if spec.hidden.constrained else None
   )
   return tx
 
@@ -54,14 +54,14 @@ def test_one_compile_across_tasks_epochs_and_k_annealing():
     states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
     ks.append(int(models.current_k(spec, states.epoch[0])))
   assert block._cache_size() == 1
-  assert ks[0] > ks[1] >= spec.k and ks[-1] == spec.k  # k annealed while running the same program
+  assert ks[0] > ks[1] >= spec.hidden.k and ks[-1] == spec.hidden.k  # k annealed while running the same program
   np.testing.assert_array_equal(np.asarray(states.epoch), [10, 10])
 
 
 @pytest.mark.slow
 def test_vmapped_seeds_equal_single_seed_runs():
   tasks = _mnist_tasks()
-  spec = models.sdmlp(784, 48, 10, k=3, gaba_switch_activations=2000.0)
+  spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
   block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
   seeds = np.array([0, 1, 2])
@@ -85,14 +85,16 @@ def test_vmapped_seeds_equal_single_seed_runs():
 @pytest.mark.slow
 def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   tasks = _mnist_tasks()
-  spec = models.sdmlp(784, 40, 10, k=5, gaba_switch_activations=600.0)
+  spec = models.sdmlp(784, 40, 10, k=5, switch_activations=600.0)
   tx = _setup(spec)
   state = jax.tree.map(lambda a: a[0], train.init_states(np.array([0]), spec=spec, tx=tx))
   # One step by hand: counters grow by the number of valid examples each neuron fired for.
   x, y = tasks["train_x"][0, :32], tasks["train_y"][0, :32]
   valid = jnp.arange(32) < 30
   new_state, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, x, y, valid)
-  _, hidden = models.forward(state.params, train.to_float_input(x), spec=spec, k=spec.k, gaba_counts=state.gaba_counts)
+  _, hidden = models.forward(
+    state.params, train.to_float_input(x), spec=spec, k=spec.hidden.k, gaba_counts=state.gaba_counts
+  )
   expected = np.asarray((hidden[:30] > 0).sum(0), np.float32)
   np.testing.assert_array_equal(np.asarray(new_state.gaba_counts), expected)
   assert expected.min() == 30  # lambda = -1 at the start: every neuron fires for every example
@@ -102,15 +104,15 @@ def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=4, seed_axis_data=False)
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
   states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0))
-  assert float(states.gaba_counts.min()) >= spec.gaba_switch_activations / 2
+  assert float(states.gaba_counts.min()) >= spec.hidden.switch_activations / 2
   assert float(metrics.active_per_example[0, 0]) > 0.9 * spec.neurons
-  assert float(metrics.active_per_example[0, -1]) < 2 * spec.k
+  assert float(metrics.active_per_example[0, -1]) < 2 * spec.hidden.k
 
 
 @pytest.mark.slow
 def test_projection_invariants_hold_after_training():
   tasks = _mnist_tasks()
-  spec = models.sdmlp(784, 64, 10, k=5, gaba_switch_activations=3000.0)
+  spec = models.sdmlp(784, 64, 10, k=5, switch_activations=3000.0)
   tx = _setup(spec, lr=0.2)
   states = train.init_states(np.array([0, 1]), spec=spec, tx=tx)
   block = train.make_train_block(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
@@ -168,7 +170,7 @@ def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
 def test_seed_loops_agree(seed_loop):
   """lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training."""
   tasks = _mnist_tasks()
-  spec = models.sdmlp(784, 48, 10, k=3, gaba_switch_activations=2000.0)
+  spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
   reference = train.make_train_block(
     spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False, seed_loop="map" if seed_loop == "vmap" else "vmap"

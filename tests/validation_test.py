@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from sdm_jax.engine import models, regularizers, validation
+from sdm_jax.engine import regularizers, validation
 
 
 def test_missing_classes_of_a_huge_count_are_found_without_a_list_that_long():
@@ -86,15 +86,7 @@ def test_seeds_are_distinct_integers_in_a_tuple():
       validation.check_seeds("seeds", seeds)
 
 
-def test_the_model_rules_name_the_field_with_the_callers_prefix():
-  validation.check_model(models.sdmlp(8, 20, 2, k=5), uses_topk=True)
-  with pytest.raises(ValueError, match=r"^k: must satisfy 1 <= k < neurons \(20\), got 30$"):
-    validation.check_model(models.sdmlp(8, 20, 2, k=30), uses_topk=True)
-  with pytest.raises(ValueError, match=r"^config\.model\.neurons: must be positive, got 0$"):
-    validation.check_model(models.relu_mlp(8, 0, 2), "config.model.", uses_topk=False)
-  validation.check_model(models.relu_mlp(8, 20, 2), uses_topk=False)  # (k unused)
-  with pytest.raises(ValueError, match=r"^model\.k_max: k_target \(model\.k = 10\) > k_max \(5\)$"):
-    validation.check_model(models.topk_mlp(8, 20, 2, k=10, k_max=5), "model.", uses_topk=True)
+def test_the_regularizer_rules_name_the_field_with_the_callers_prefix():
   with pytest.raises(ValueError, match=r"^regularizer\.strength: must be > 0 with regularizer 'ewc', got 0\.0$"):
     validation.check_regularizer(regularizers.RegularizerSpec("ewc", 0.0), "regularizer.", allow_none=False)
 

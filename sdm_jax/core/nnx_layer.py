@@ -56,7 +56,7 @@ class SDM(nnx.Module):
     k_max, k_transition_epochs: the linear schedule's start (default: neurons) and length s (Eq. 4).
     positive: ReLU the input, and keep weights >= 0 (`projection`); Dale's principle, App. A.5.
     l2_norm: unit L2 norm per input example, and unit-norm addresses (`projection`); App. A.5.
-    bias: add a bias (an ablation; SDM has none).
+    use_bias: add a bias (an ablation; SDM has none).
     threshold_method: see `topk.kth_largest` (all exact).
     rngs: `nnx.Rngs`; the kernel [in_features, neurons] is PyTorch's nn.Linear init, projected.
 
@@ -82,7 +82,7 @@ class SDM(nnx.Module):
     k_transition_epochs: int = 200,
     positive: bool = True,
     l2_norm: bool = True,
-    bias: bool = False,
+    use_bias: bool = False,
     threshold_method: str = "auto",
     rngs: nnx.Rngs,
   ):
@@ -98,13 +98,13 @@ class SDM(nnx.Module):
       k_transition_epochs=k_transition_epochs,
       positive=positive,
       l2_norm=l2_norm,
-      bias=bias,
+      use_bias=use_bias,
       threshold_method=threshold_method,
     )
     params = sdm_layer.init(rngs.params(), in_features, self.spec)
     self.in_features = in_features
     self.kernel = nnx.Param(params["kernel"])
-    if bias:
+    if use_bias:
       self.bias = nnx.Param(params["bias"])
     self.counts = GabaCounts(sdm_layer.init_counts(self.spec))
     self.deterministic = False
@@ -112,7 +112,7 @@ class SDM(nnx.Module):
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
     """a* [batch, neurons] of x [batch, ...]; `epoch` (global, may be traced) only for "linear"."""
     params = {"kernel": self.kernel[...]}
-    if self.spec.bias:
+    if self.spec.use_bias:
       params["bias"] = self.bias[...]
     a_star, counts = sdm_layer.apply(
       params, self.counts[...], x, spec=self.spec, epoch=epoch, train=not self.deterministic

@@ -13,7 +13,7 @@ The layer of the paper (Eq. 3-4 and App. B.3), for any network:
 
 - input processing (Alg. 1): ReLU (``positive``), then unit L2 norm per example (``l2_norm``);
 - addresses X_a, the columns of ``kernel`` [in_features, neurons] (Flax's [in, out] layout), with
-  no bias (``bias=False``; App. A.5 item 3);
+  no bias (``use_bias=False``; App. A.5 item 3);
 - a = [X_a^T x]_+ and the Top-K inhibition of Eq. 4: I = the (k+1)-th largest of a,
   a* = [a - I]_+ (``inhibition="subtract"``), or keep the raw top k (``"mask"``, Table 2);
 - the k schedule: ``"flat"`` (k from the start), ``"linear"`` (Eq. 4: k_t = max(k, floor(k_max -
@@ -45,14 +45,24 @@ K_SCHEDULES = ("gaba", "linear", "flat", "none")
 INHIBITIONS = ("subtract", "mask")
 
 
+class SpecError(ValueError):
+  """A bad `SDMSpec` (or model spec) field: `field` names it, so a config layer can map the message
+  to its own name for the field (`experiments/schema.py` does)."""
+
+  def __init__(self, field: str, message: str):
+    super().__init__(f"{field} {message}")
+    self.field = field
+    self.message = message
+
+
 def _check_count(name: str, value, low: int) -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < low:
-    raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    raise SpecError(name, f"must be an integer >= {low}, got {value!r}")
 
 
 def _check_positive(name: str, value) -> None:
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    raise SpecError(name, f"must be a finite number > 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +82,7 @@ class SDMSpec:
     k_transition_epochs: s of Eq. 4, the epochs the linear schedule takes.
     positive: ReLU the input and keep every weight >= 0 (Dale's principle, App. A.5 item 4).
     l2_norm: unit L2 norm of each input and of each neuron's address (App. A.5 item 2).
-    bias: add a bias to the activations (the ablation "hidden bias"; SDM has none).
+    use_bias: add a bias to the activations (the ablation "hidden bias"; SDM has none).
     threshold_method: how I is found; see `topk.kth_largest` (every method is exact).
   """
 
@@ -85,29 +95,32 @@ class SDMSpec:
   k_transition_epochs: int = 200
   positive: bool = True
   l2_norm: bool = True
-  bias: bool = False
+  use_bias: bool = False
   threshold_method: str = "auto"
 
   def __post_init__(self):
     _check_count("neurons", self.neurons, 1)
-    if self.k_schedule not in K_SCHEDULES:
-      raise ValueError(f"k_schedule must be one of {K_SCHEDULES}, got {self.k_schedule!r}")
-    if self.inhibition not in INHIBITIONS:
-      raise ValueError(f"inhibition must be one of {INHIBITIONS}, got {self.inhibition!r}")
-    if self.threshold_method not in topk.THRESHOLD_METHODS:
-      raise ValueError(f"threshold_method must be one of {topk.THRESHOLD_METHODS}, got {self.threshold_method!r}")
+    for name, value, allowed in (
+      ("k_schedule", self.k_schedule, K_SCHEDULES),
+      ("inhibition", self.inhibition, INHIBITIONS),
+      ("threshold_method", self.threshold_method, topk.THRESHOLD_METHODS),
+    ):
+      if value not in allowed:
+        raise SpecError(name, f"must be one of {allowed}, got {value!r}")
     if self.k_schedule == "none":
       return
     _check_count("k", self.k, 1)
     if self.k >= self.neurons:
-      raise ValueError(
-        f"k must be < neurons (the threshold is the (k+1)-th largest), got k={self.k}, neurons={self.neurons}"
+      raise SpecError(
+        "k", f"must be < neurons (the threshold is the (k+1)-th largest), got k={self.k}, neurons={self.neurons}"
       )
     _check_positive("switch_activations", self.switch_activations)
+    if self.k_max is not None:
+      _check_count("k_max", self.k_max, self.k)
+      if self.k_max > self.neurons:
+        raise SpecError("k_max", f"must be <= neurons ({self.neurons}), got {self.k_max}")
     if self.k_schedule == "linear":
       _check_count("k_transition_epochs", self.k_transition_epochs, 1)
-      if self.k_max is not None:
-        _check_count("k_max", self.k_max, self.k)
 
   @property
   def uses_topk(self) -> bool:
@@ -145,7 +158,7 @@ def init(key, in_features: int, spec: SDMSpec) -> dict:
   """`{'kernel': [in_features, neurons]}` (+ 'bias'): PyTorch's default init, then `project`, as the
   authors' `on_fit_start` (TrentBrick/SDMContinualLearner, models/Base_Model.py)."""
   _check_count("in_features", in_features, 1)
-  return project(torch_linear_init(key, in_features, spec.neurons, spec.bias), spec)
+  return project(torch_linear_init(key, in_features, spec.neurons, spec.use_bias), spec)
 
 
 def init_counts(spec: SDMSpec) -> jax.Array:
@@ -221,7 +234,7 @@ def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: ja
   _check_input(params, x)
   x = topk.sdm_input(x, positive=spec.positive, normalize=spec.l2_norm)
   a = x @ params["kernel"]
-  if spec.bias:
+  if spec.use_bias:
     a = a + params["bias"]
   a = jax.nn.relu(a)
   if not spec.uses_topk:
@@ -243,16 +256,27 @@ def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: ja
   return topk.topk_mask(a, topk.kth_largest(a, k, method=method, k_bound=bound))
 
 
-def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-  """C + the examples each neuron fired for (a*_i > 0), over the `valid` examples (Eq. 12's C_i).
+def firings(a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+  """How many of the `valid` examples each neuron fired for (a*_i > 0): float32 [neurons], no gradient.
 
-  The reference counts every forward pass of training, per example (GABA_SWITCH_ACT_BIN,
-  TrentBrick/SDMContinualLearner models/TopK_Act.py).
+  The increment of Eq. 12's C_i for one batch. The reference counts every forward pass of training,
+  per example (GABA_SWITCH_ACT_BIN, TrentBrick/SDMContinualLearner models/TopK_Act.py).
   """
   fired = (a_star > 0).astype(jnp.float32)
   if valid is not None:
     fired = fired * valid.astype(jnp.float32)[:, None]
-  return counts + jax.lax.stop_gradient(fired.sum(0))
+  return jax.lax.stop_gradient(fired.sum(0))
+
+
+def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+  """C + `firings(a_star, valid)`: the counters after one training batch (Eq. 12's C_i)."""
+  return counts + firings(a_star, valid)
+
+
+def count_fired_at(counts: jax.Array, neurons: jax.Array, values: jax.Array) -> jax.Array:
+  """`count_fired` from the active units as slots: neuron index and a* value per slot (a sparse
+  step's form; a slot whose value is 0, or whose index is out of range, counts nothing)."""
+  return counts.at[neurons].add((values > 0).astype(jnp.float32))
 
 
 def apply(

@@ -383,7 +383,7 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
 
   Evaluation mode, as `train.make_evaluate`: no dropout, the final GABA
   counters, and k = `models.current_k(spec, epoch)` (only the "linear"
-  schedule depends on the epoch; None means the end of the schedule, spec.k).
+  schedule depends on the epoch; None means the end of the schedule, spec.hidden.k).
   """
   import jax.numpy as jnp
 
@@ -395,7 +395,7 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
   # refuses a traced k there rather than ignore it).
   k = (
     models.current_k(spec, jnp.asarray(1 << 30 if epoch is None else epoch, jnp.int32))
-    if spec.k_schedule == "linear"
+    if spec.hidden.k_schedule == "linear"
     else None
   )
   params = {name: {n: jnp.asarray(v) for n, v in layer.items()} for name, layer in params.items()}

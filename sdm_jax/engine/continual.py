@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from sdm_jax import data as data_lib
-from sdm_jax.core import topk
+from sdm_jax.core import sdm_layer, topk
 from sdm_jax.engine import metrics, models, optimizers, regularizers, sparse, train, validation
 from sdm_jax.runs import metric_writers
 from sdm_jax.runs import workdir as workdir_lib
@@ -326,9 +326,9 @@ class Block(NamedTuple):
 
 def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
   """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
-  if spec.k_schedule != "gaba":
+  if spec.hidden.k_schedule != "gaba":
     return jnp.ones(states.gaba_counts.shape[0])
-  return topk.gaba_lambda(states.gaba_counts, spec.gaba_switch_activations).mean(-1)
+  return topk.gaba_lambda(states.gaba_counts, spec.hidden.switch_activations).mean(-1)
 
 
 def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
@@ -339,13 +339,13 @@ def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_
   firings) is too large for this much data.
   """
   lam_mean = np.asarray(lam_mean)
-  if spec.k_schedule != "gaba" or lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
+  if spec.hidden.k_schedule != "gaba" or lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
     return None
   worst = int(np.argmin(lam_mean))
   return (
     f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
     f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3) with T = "
-    f"{spec.gaba_switch_activations:.0f}. T counts firings, so it scales with the data: set "
+    f"{spec.hidden.switch_activations:.0f}. T counts firings, so it scales with the data: set "
     "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
     "or lower model.gaba_switch_activations"
   )
@@ -529,10 +529,9 @@ FIT_MODELS = ("sdmlp", "relu", "topk")
 
 
 def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.ModelSpec:
-  """The model `fit` trains, its fields checked (`validation.check_model`; named as `fit`'s
-  arguments, or model.<field> for a ModelSpec); SDMLP's GABA T is set once the tasks are known."""
+  """The model `fit` trains (its fields checked by the specs; a `fit` argument's error names it,
+  a ModelSpec's names model.<field>); SDMLP's GABA T is set once the tasks are known."""
   if isinstance(model, models.ModelSpec):
-    validation.check_model(model, "model.", uses_topk=model.uses_topk)
     if model.input_size != input_size:
       validation.fail("model", f"input_size {model.input_size} does not match the {input_size} features of x")
     if model.num_classes != num_classes:
@@ -542,9 +541,10 @@ def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.
     validation.fail("model", f"must be a models.ModelSpec or one of {FIT_MODELS}, got {model!r}")
   validation.check_int("neurons", neurons)
   make = dict(sdmlp=models.sdmlp, relu=models.relu_mlp, topk=models.topk_mlp)[model]
-  spec = make(input_size, neurons, num_classes) if model == "relu" else make(input_size, neurons, num_classes, k=k)
-  validation.check_model(spec, uses_topk=spec.uses_topk)
-  return spec
+  try:
+    return make(input_size, neurons, num_classes) if model == "relu" else make(input_size, neurons, num_classes, k=k)
+  except sdm_layer.SpecError as e:
+    validation.fail(e.field, e.message)
 
 
 def _fit_arrays(x, y, test_x, test_y, class_order) -> tuple[dict, list[int]]:
@@ -649,9 +649,10 @@ def fit(
   schedule = Schedule(epochs_per_task, eval_every, batch_size)
   check_batch_size(tasks, batch_size)
   check_counters(tasks, schedule)
-  if not isinstance(model, models.ModelSpec) and spec.k_schedule == "gaba":
+  if not isinstance(model, models.ModelSpec) and spec.hidden.k_schedule == "gaba":
     switch = GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
-    spec = dataclasses.replace(spec, gaba_switch_activations=gaba_switch_activations(tasks, switch))
+    hidden = dataclasses.replace(spec.hidden, switch_activations=gaba_switch_activations(tasks, switch))
+    spec = dataclasses.replace(spec, hidden=hidden)
   with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
     return _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir)
 

@@ -262,12 +262,12 @@ def init_sdm_state(
   """params {'trunk', 'sdm', 'out'}, batch_stats, the GABA counters, opt_state, step, key.
 
   The SDM head is `sdm_layer.init` on the trunk's embedding; 'out' is X_v, PyTorch's nn.Linear
-  (with a bias for the ReLU head, `head.bias`; none for SDM, as the reference)."""
+  (with a bias for the ReLU head, `head.use_bias`; none for SDM, as the reference)."""
   if trunk.num_classes:
     raise ValueError(f"trunk.num_classes must be 0 (the SDM head classifies), got {trunk.num_classes}")
   trunk_key, sdm_key, out_key, key = jax.random.split(key, 4)
   variables = trunk.init(trunk_key, jnp.zeros((1,) + tuple(image_shape)), train=False)
-  out = sdm_layer.torch_linear_init(out_key, head.neurons, num_classes, head.bias)
+  out = sdm_layer.torch_linear_init(out_key, head.neurons, num_classes, head.use_bias)
   params = dict(
     trunk=variables['params'],
     sdm=sdm_layer.init(sdm_key, trunk.dim, head),

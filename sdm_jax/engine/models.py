@@ -29,109 +29,70 @@ INHIBITIONS = sdm_layer.INHIBITIONS
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Static description of a one-hidden-layer model.
+  """Static description of a one-hidden-layer model: the hidden layer, a readout, dropout.
 
   Attributes:
     input_size: flattened input dimension n.
-    neurons: hidden width r.
     num_classes: width of the single shared output head.
-    k: target number of active neurons (k_target of Eq. 4 / Eq. 12).
-    k_schedule: "gaba" (App. B.3's GABA switch, Eq. 12, per-neuron counters), "linear" (Eq. 4 anneal
-      from k_max to k over k_transition_epochs), "flat" (k from the start),
-      "none" (no Top-K: ReLU MLP).
-    inhibition: "subtract" the (k+1)-th value (Eq. 4) or "mask" (keep the raw
-      top-k). GABA always subtracts.
-    gaba_switch_activations: T (the paper's s in Eq. 12): firings for a neuron
-      to go from excited (lambda = -1) to inhibited (lambda = +1).
-    k_max: start of the linear schedule; None means `neurons` (reference).
-    k_transition_epochs: s of Eq. 4 (epochs of the linear schedule).
-    hidden_bias, output_bias: add bias terms (SDM has none).
-    positive_weights: ReLU the input and clamp every parameter >= 0.
-    l2_norm: unit-norm inputs and neuron addresses (columns of the kernel).
-    dropout: dropout rate after the hidden ReLU (ReLU MLP baseline).
-    threshold_method: see `layers.kth_largest`.
+    hidden: the hidden layer, an `sdm_layer.SDMSpec` (the one SDM layer: SDMLP, its ablations, the
+      Top-K MLP, and with ``k_schedule="none"`` the ReLU MLP's plain layer).
+    output_bias: add a bias to the readout (SDM has none).
+    dropout: dropout rate after the hidden layer (the ReLU MLP baseline's option).
+
+  A bad field raises `sdm_layer.SpecError` naming it.
   """
 
   input_size: int
-  neurons: int
   num_classes: int
-  k: int = 10
-  k_schedule: str = "gaba"
-  inhibition: str = "subtract"
-  gaba_switch_activations: float = 5_000_000.0
-  k_max: int | None = None
-  k_transition_epochs: int = 200
-  hidden_bias: bool = False
+  hidden: sdm_layer.SDMSpec
   output_bias: bool = False
-  positive_weights: bool = True
-  l2_norm: bool = True
   dropout: float = 0.0
-  threshold_method: str = "auto"
+
+  def __post_init__(self):
+    sdm_layer._check_count("input_size", self.input_size, 1)
+    sdm_layer._check_count("num_classes", self.num_classes, 1)
+    if not isinstance(self.hidden, sdm_layer.SDMSpec):
+      raise sdm_layer.SpecError("hidden", f"must be an sdm_layer.SDMSpec, got {type(self.hidden).__name__}")
+    if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+      raise sdm_layer.SpecError("dropout", f"must be in [0, 1), got {self.dropout!r}")
 
   @property
-  def uses_topk(self) -> bool:
-    return self.k_schedule != "none"
-
-  @property
-  def constrained(self) -> bool:
-    return self.positive_weights or self.l2_norm
-
-  @property
-  def layer(self) -> sdm_layer.SDMSpec:
-    """The hidden layer as an `sdm_layer.SDMSpec` (the one SDM layer implementation).
-
-    A k >= neurons keeps every unit (the threshold, the (k+1)-th largest of r values, is 0), which
-    is the plain ReLU layer: the spec says so, since `SDMSpec` refuses k >= neurons.
-    """
-    keeps_all = self.k_schedule != "none" and self.k >= self.neurons
-    return sdm_layer.SDMSpec(
-      neurons=self.neurons,
-      k=self.k,
-      k_schedule="none" if keeps_all else self.k_schedule,
-      inhibition=self.inhibition,
-      switch_activations=self.gaba_switch_activations,
-      k_max=self.k_max,
-      k_transition_epochs=self.k_transition_epochs,
-      positive=self.positive_weights,
-      l2_norm=self.l2_norm,
-      bias=self.hidden_bias,
-      threshold_method=self.threshold_method,
-    )
+  def neurons(self) -> int:
+    return self.hidden.neurons
 
 
-def sdmlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **overrides) -> ModelSpec:
-  """SDMLP as the reference runs it: no biases, positive weights, L2 norms, GABA switch."""
-  return ModelSpec(input_size=input_size, neurons=neurons, num_classes=num_classes, k=k, **overrides)
+def sdmlp(
+  input_size: int,
+  neurons: int,
+  num_classes: int,
+  k: int = 10,
+  *,
+  output_bias: bool = False,
+  dropout: float = 0.0,
+  **layer,
+) -> ModelSpec:
+  """SDMLP as the reference runs it: no biases, positive weights, L2 norms, GABA switch. `layer`:
+  any other `sdm_layer.SDMSpec` field (the Table 2 ablations: k_schedule, inhibition, use_bias, ...)."""
+  hidden = sdm_layer.SDMSpec(neurons=neurons, k=k, **layer)
+  return ModelSpec(input_size, num_classes, hidden, output_bias=output_bias, dropout=dropout)
 
 
-def relu_mlp(input_size: int, neurons: int, num_classes: int, dropout: float = 0.0, **overrides) -> ModelSpec:
+def relu_mlp(input_size: int, neurons: int, num_classes: int, dropout: float = 0.0, **layer) -> ModelSpec:
   """The ReLU MLP baseline (reference CLASSIC_FFN): biases, no constraints, optional dropout."""
-  return ModelSpec(
-    input_size=input_size,
-    neurons=neurons,
-    num_classes=num_classes,
-    k_schedule="none",
-    hidden_bias=True,
-    output_bias=True,
-    positive_weights=False,
-    l2_norm=False,
-    dropout=dropout,
-    **overrides,
-  )
+  fields = dict(k_schedule="none", use_bias=True, positive=False, l2_norm=False, **layer)
+  return ModelSpec(input_size, num_classes, sdm_layer.SDMSpec(neurons=neurons, **fields), True, dropout)
 
 
-def topk_mlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **overrides) -> ModelSpec:
+def topk_mlp(input_size: int, neurons: int, num_classes: int, k: int = 10, **layer) -> ModelSpec:
   """The Top-K baseline (reference FFN_TOP_K): biases, linear-decay mask, no constraints."""
-  fields = dict(
-    k_schedule="linear", inhibition="mask", hidden_bias=True, output_bias=True, positive_weights=False, l2_norm=False
-  )
-  fields.update(overrides)
-  return ModelSpec(input_size=input_size, neurons=neurons, num_classes=num_classes, k=k, **fields)
+  fields = dict(k_schedule="linear", inhibition="mask", use_bias=True, positive=False, l2_norm=False)
+  hidden = sdm_layer.SDMSpec(neurons=neurons, k=k, **{**fields, **layer})
+  return ModelSpec(input_size, num_classes, hidden, output_bias=True)
 
 
 def init_output_layer(key, spec: ModelSpec) -> dict:
   """A fresh output layer (used at init and for the head reset after pretraining)."""
-  return sdm_layer.torch_linear_init(key, spec.neurons, spec.num_classes, spec.output_bias)
+  return sdm_layer.torch_linear_init(key, spec.hidden.neurons, spec.num_classes, spec.output_bias)
 
 
 def init_params(key, spec: ModelSpec) -> dict:
@@ -142,14 +103,14 @@ def init_params(key, spec: ModelSpec) -> dict:
   """
   hidden_key, output_key = jax.random.split(key)
   params = {
-    "hidden": sdm_layer.init(hidden_key, spec.input_size, spec.layer),
+    "hidden": sdm_layer.init(hidden_key, spec.input_size, spec.hidden),
     "output": init_output_layer(output_key, spec),
   }
   return {**params, "output": _project_output(params["output"], spec)}
 
 
 def _project_output(output: dict, spec: ModelSpec) -> dict:
-  return jax.tree.map(jax.nn.relu, output) if spec.positive_weights else output
+  return jax.tree.map(jax.nn.relu, output) if spec.hidden.positive else output
 
 
 def project_params(params: dict, spec: ModelSpec) -> dict:
@@ -163,7 +124,7 @@ def project_params(params: dict, spec: ModelSpec) -> dict:
   """
   # Every layer but the hidden one (the output head, and any a caller adds) gets the clamp only.
   return {
-    name: sdm_layer.project(layer, spec.layer) if name == "hidden" else _project_output(layer, spec)
+    name: sdm_layer.project(layer, spec.hidden) if name == "hidden" else _project_output(layer, spec)
     for name, layer in params.items()
   }
 
@@ -173,15 +134,15 @@ def param_count(params) -> int:
 
 
 def current_k(spec: ModelSpec, epoch):
-  """k in force at global epoch `epoch` (traced): Eq. 4 for "linear" (int32), else spec.k (an int)."""
-  return sdm_layer.k_in_force(spec.layer, epoch)
+  """k in force at global epoch `epoch` (traced): Eq. 4 for "linear" (int32), else spec.hidden.k (an int)."""
+  return sdm_layer.k_in_force(spec.hidden, epoch)
 
 
 def hidden_activations(
   params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts: jax.Array | None = None
 ) -> jax.Array:
   """a* of Eq. 4 / Eq. 12 (or plain ReLU), shape [batch, neurons]: `sdm_layer.activations`."""
-  return sdm_layer.activations(params["hidden"], x, spec=spec.layer, k=k, counts=gaba_counts)
+  return sdm_layer.activations(params["hidden"], x, spec=spec.hidden, k=k, counts=gaba_counts)
 
 
 def forward(

@@ -82,5 +82,5 @@ def for_model(
   """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
   addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
   momentum, weight_decay."""
-  projection = functools.partial(models.project_params, spec=spec) if spec.constrained else None
+  projection = functools.partial(models.project_params, spec=spec) if spec.hidden.constrained else None
   return make_optimizer(name, learning_rate, projection=projection, **options)

@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.core import topk
+from sdm_jax.core import sdm_layer, topk
 from sdm_jax.engine import cpu_kernels, models, regularizers
 
 
@@ -141,9 +141,11 @@ class SparseSGD(NamedTuple):
 
   def capacity(self, spec: models.ModelSpec) -> int:
     """Mean active units per example the slots hold (`max_active`)."""
-    if self.max_active is not None and self.max_active < spec.k:
-      raise ValueError(f"SparseSGD.max_active={self.max_active} is below k={spec.k}: after the switch k units fire")
-    return min(self.max_active or max(8 * spec.k, spec.k + 64), spec.neurons)
+    if self.max_active is not None and self.max_active < spec.hidden.k:
+      raise ValueError(
+        f"SparseSGD.max_active={self.max_active} is below k={spec.hidden.k}: after the switch k units fire"
+      )
+    return min(self.max_active or max(8 * spec.hidden.k, spec.hidden.k + 64), spec.neurons)
 
   def num_slots(self, spec: models.ModelSpec, batch: int) -> int:
     """The static number of slots of a batch: batch * `capacity`."""
@@ -153,7 +155,7 @@ class SparseSGD(NamedTuple):
     """Static distinct-neuron capacity of the compact path, or 0 for the per-slot path."""
     if self.max_touched is not None:
       return min(self.max_touched, spec.neurons)
-    if batch * spec.k < spec.neurons:  # after the switch the batch touches at most B * k rows
+    if batch * spec.hidden.k < spec.neurons:  # after the switch the batch touches at most B * k rows
       return 0
     # Half the neurons (500 of 1K); all of a small layer (<= 256), whose batches touch most of it.
     return max(spec.neurons // 2, min(spec.neurons, 256))
@@ -167,13 +169,13 @@ def ineligibility(
   regularizer: regularizers.RegularizerSpec | None = None,
 ) -> str | None:
   """Why the sparse step could not be exact for this model/optimiser/regulariser, or None if it can."""
-  if spec.k_schedule not in ("gaba", "flat"):
-    return f"k_schedule {spec.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"
-  if spec.inhibition != "subtract" and spec.k_schedule != "gaba":
+  if spec.hidden.k_schedule not in ("gaba", "flat"):
+    return f"k_schedule {spec.hidden.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"
+  if spec.hidden.inhibition != "subtract" and spec.hidden.k_schedule != "gaba":
     return "mask inhibition"
-  if spec.hidden_bias or spec.output_bias:
+  if spec.hidden.use_bias or spec.output_bias:
     return "biases"
-  if not (spec.positive_weights and spec.l2_norm):
+  if not (spec.hidden.positive and spec.hidden.l2_norm):
     return "no SDM constraint (positive weights and L2 norms)"
   if spec.dropout:
     return "dropout"
@@ -293,12 +295,12 @@ def train_step_with_penalty(
   a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
   num_slots = sgd.num_slots(spec, x.shape[0])
   lam = (
-    topk.gaba_lambda(state.gaba_counts, spec.gaba_switch_activations)
-    if spec.k_schedule == "gaba"
+    topk.gaba_lambda(state.gaba_counts, spec.hidden.switch_activations)
+    if spec.hidden.k_schedule == "gaba"
     else jnp.ones((spec.neurons,), jnp.float32)
   )
   if sgd.address_kernel() == "ffi":
-    slots, total = cpu_kernels.active_units(a, lam, k=spec.k, num_slots=num_slots)
+    slots, total = cpu_kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
   state, stats, touched_fit, penalty = _sparse_update(
@@ -311,16 +313,16 @@ def _active_units(a, lam, *, spec, num_slots):
   """XLA's `cpu_kernels.active_units`: slots (example, neuron, a*) [S] sorted by example, and the
   number of active units."""
   r, batch = a.shape
-  top_values, top_indices = topk.top_values_and_indices(a, spec.k + 1, axis=0)
-  threshold = top_values[:, spec.k]  # I of Eq. 4: the (k+1)-th largest
+  top_values, top_indices = topk.top_values_and_indices(a, spec.hidden.k + 1, axis=0)
+  threshold = top_values[:, spec.hidden.k]  # I of Eq. 4: the (k+1)-th largest
 
   def after_switch():
     # lambda = +1 everywhere: only the top k can exceed I. Slots b * k + j (sorted by example);
     # a silent one keeps its example but no neuron (r), so it moves nothing.
-    value = jax.nn.relu(top_values[:, : spec.k] - threshold[:, None]).reshape(-1)
-    neuron = jnp.where(value > 0, top_indices[:, : spec.k].reshape(-1), r)
-    example = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), spec.k)
-    pad = num_slots - batch * spec.k
+    value = jax.nn.relu(top_values[:, : spec.hidden.k] - threshold[:, None]).reshape(-1)
+    neuron = jnp.where(value > 0, top_indices[:, : spec.hidden.k].reshape(-1), r)
+    example = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), spec.hidden.k)
+    pad = num_slots - batch * spec.hidden.k
     slots = (jnp.pad(example, (0, pad), constant_values=batch), jnp.pad(neuron, (0, pad), constant_values=r))
     return (*slots, jnp.pad(value, (0, pad))), jnp.sum(value > 0).astype(jnp.int32)
 
@@ -331,7 +333,7 @@ def _active_units(a, lam, *, spec, num_slots):
     value = (a - bar).at[neuron, example].get(mode="fill", fill_value=0.0)
     return (example.astype(jnp.int32), neuron.astype(jnp.int32), value), jnp.sum(fires).astype(jnp.int32)
 
-  if spec.k_schedule != "gaba":
+  if spec.hidden.k_schedule != "gaba":
     return after_switch()  # Eq. 4 with a fixed k: at most k units exceed I
   return jax.lax.cond(jnp.all(lam >= 1.0), after_switch, during_switch)
 
@@ -407,10 +409,9 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
     w_values = reg.w["output"]["kernel"] - si_d_values * (new_values - values_kernel)
     reg = reg.replace(w={**reg.w, "hidden": {**reg.w["hidden"], "kernel": w}, "output": {"kernel": w_values}})
 
-  fired = (value > 0).astype(jnp.float32)
   counts = state.gaba_counts
-  if spec.k_schedule == "gaba":
-    counts = counts.at[neuron].add(fired)
+  if spec.hidden.k_schedule == "gaba":
+    counts = sdm_layer.count_fired_at(counts, neuron, value)
   params = {
     **state.params,
     "hidden": {**state.params["hidden"], "kernel": addresses},
@@ -418,7 +419,12 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   }
   new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1, reg=reg)
   activity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value)
-  stats = (loss * valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), activity, fired.sum())
+  stats = (
+    loss * valid.sum(),
+    jnp.sum((jnp.argmax(logits, -1) == y) & valid),
+    activity,
+    jnp.sum(value > 0).astype(jnp.float32),
+  )
   if penalty is not None:
     penalty = penalty._replace(row_stats=row_stats)
   return new_state, stats, touched_fit, penalty

@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from sdm_jax.runs import mesh as mesh_lib
+from sdm_jax.core import sdm_layer
 from sdm_jax.engine import models, regularizers, sparse
 from sdm_jax.engine.metrics import DEAD_ACTIVITY_THRESHOLD  # (re-exported: train.DEAD_ACTIVITY_THRESHOLD)
 
@@ -229,18 +230,16 @@ def train_step(
   params = optax.apply_updates(state.params, updates)
   if si:  # Δθ after the projection: the change the step really made
     state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
-  validf = valid.astype(jnp.float32)[:, None]
-  fired = (hidden > 0).astype(jnp.float32) * validf
   counted = (
     valid.sum(),
     jnp.sum((jnp.argmax(logits, -1) == y) & valid),
-    jnp.sum(hidden * validf, axis=0),
-    fired.sum(0),
+    jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0),
+    sdm_layer.firings(hidden, valid),  # Eq. 12's C_i increment, as the layer counts it
   )
-  if data_axis is not None:
+  if data_axis is not None:  # the batch's slices: the counts of the whole batch
     counted = jax.lax.psum(counted, data_axis)
   n_valid, correct, activity, fired_per_neuron = counted
-  counts = state.gaba_counts + fired_per_neuron if spec.k_schedule == "gaba" else state.gaba_counts
+  counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
   new_state = state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1)
   stats = (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
   return new_state, stats

@@ -22,8 +22,7 @@ from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from sdm_jax.core import topk
-from sdm_jax.engine import models, regularizers
+from sdm_jax.engine import regularizers
 
 # TrainState.epoch and .step are int32 (sdm_jax/engine/train.py): a run longer than this would wrap them
 # (the epoch drives the k schedule, Eq. 4; the step seeds dropout).
@@ -84,38 +83,6 @@ def check_schedule(prefix: str, epochs_per_task: Any, eval_every: Any, batch_siz
   if not is_int(eval_every) or eval_every <= 0 or epochs_per_task % eval_every:
     fail(prefix + "eval_every", f"must be a positive divisor of epochs_per_task ({epochs_per_task}), got {eval_every}")
   check_int(prefix + "batch_size", batch_size)
-
-
-def check_model(m: Any, prefix: str = "", *, uses_topk: bool) -> None:
-  """A model's fields (a `models.ModelSpec`, or a config's `model`; `k_max` 0 or None: neurons).
-
-  `uses_topk`: the model keeps the k most active neurons (SDMLP, Top-K), so
-  1 <= k < neurons. Names are `prefix` + the field.
-  """
-  check_int(prefix + "neurons", m.neurons)
-  if m.k_schedule not in models.K_SCHEDULES:
-    fail(prefix + "k_schedule", f"unknown schedule {m.k_schedule!r}; choose one of {models.K_SCHEDULES}")
-  if m.inhibition not in models.INHIBITIONS:
-    fail(prefix + "inhibition", f"unknown inhibition {m.inhibition!r}; choose one of {models.INHIBITIONS}")
-  if uses_topk:
-    check_int(prefix + "k", m.k)
-    if not 1 <= m.k < m.neurons:
-      fail(prefix + "k", f"must satisfy 1 <= k < neurons ({m.neurons}), got {m.k}")
-    k_max = m.k_max or 0
-    if k_max < 0:
-      fail(prefix + "k_max", f"must be >= 0 (0: neurons), got {k_max}")
-    if k_max and k_max < m.k:
-      fail(prefix + "k_max", f"k_target ({prefix}k = {m.k}) > k_max ({k_max})")
-    if k_max and k_max > m.neurons:
-      fail(prefix + "k_max", f"k_max ({k_max}) > neurons ({m.neurons})")
-    if m.k_schedule == "gaba" and not m.gaba_switch_activations > 0:
-      fail(prefix + "gaba_switch_activations", f"must be positive, got {m.gaba_switch_activations}")
-    if m.k_schedule == "linear" and m.k_transition_epochs <= 0:
-      fail(prefix + "k_transition_epochs", f"must be positive, got {m.k_transition_epochs}")
-  if not 0.0 <= m.dropout < 1.0:
-    fail(prefix + "dropout", f"must be in [0, 1), got {m.dropout}")
-  if m.threshold_method not in topk.THRESHOLD_METHODS:
-    fail(prefix + "threshold_method", f"unknown method {m.threshold_method!r}")
 
 
 def check_regularizer(r: Any, prefix: str = "", *, allow_none: bool = True) -> None:
