@@ -157,6 +157,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   start_time = time.time()
   workdir = pathlib.Path(workdir)
   config, tasks, pre = _prepare(config, workdir)
+  # The run is accepted: first, where it writes (the command line's last line says what to run next).
+  logging.info(
+    f"workdir {workdir.resolve()}: config.json, results.json, metrics.csv, checkpoints/, final_state.npz "
+    "(the same command resumes from it)"
+  )
   # "default" leaves JAX's own setting (jax_default_matmul_precision) as it is; "high" / "highest"
   # set XLA's float32 matmul precision for this run (on CPU all are float32).
   precision = config.get("matmul_precision", "default")
