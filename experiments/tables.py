@@ -5,8 +5,14 @@ into WORKDIR/<row>/, skips rows whose results.json says "finished" with the
 same config (so an interrupted study resumes), and rewrites the markdown
 table after every row (with any `also_show` rows another process finished in
 the same workdir), with a figure beside it (`plot_rows`: full-test
-accuracy during training, and final accuracy against the paper's). Used by `experiments.reproduce` (the paper's tables),
-`experiments.ablations` (Table 2) and `experiments.k_frontier`.
+accuracy during training, and final accuracy against the paper's; needs
+matplotlib, the `analysis` extra: without it the table is written alone).
+Rows may also run together as one population program (`populations`: each row
+is then that program's members with the row's values), show the fields a sweep
+varies as columns (`swept`), and leave the paper's number out where a row does
+not use the paper's settings (`not_paper`). Used by `experiments.reproduce`
+(the paper's tables), `experiments.ablations` (Table 2), `experiments.k_frontier`
+and `launch.sweep`.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ import math
 import pathlib
 import time
 
+from absl import logging
 import numpy as np
 
 from sdm_jax.engine import metrics
 from sdm_jax.runs import checkpoint, metric_writers
 from experiments import driver, schema
+
+ANALYSIS_EXTRA = "pip install -e '.[analysis]'"
 
 
 def row_config(table_module, row: str, *, epochs_per_task: int, oracle_epochs: int, seeds, data_dir: str):
@@ -62,7 +71,10 @@ def _mean_sem(values) -> str:
   return f"{np.mean(values):.3f} ± {metrics.sem(values):.3f}"
 
 
-def table_row(row: str, config, results: dict) -> str:
+def table_row(row: str, config, results: dict, *, columns=(), compare: bool = True, published: bool = True) -> str:
+  """One line of the table. `columns`: the values of the table's extra (swept) columns, after the
+  row's name; `compare=False`: the row does not use the paper's settings, so its paper and Δ cells
+  say n/a; `published=False`: its regulariser's settings are a sweep's, not the config's own."""
   per_seed = results["per_seed"]
   finals = [s["final_accuracy"] for s in per_seed]
   m = config.model
@@ -74,11 +86,15 @@ def table_row(row: str, config, results: dict) -> str:
     epochs += " (all classes)"
   measured = _mean_sem(finals)
   gap = f"{np.mean(finals) - config.paper_final_accuracy:+.3f}" if config.paper_final_accuracy >= 0 else "–"
+  if not compare and config.paper_final_accuracy >= 0:
+    paper = gap = "n/a"
   if results.get("dataset", {}).get("lossy"):
     row += " (LOSSY stand-in)"
   seeds = ", ".join(str(s["seed"]) for s in per_seed)
+  swept = "".join(f" {_cell(v)} |" for v in columns)
   return (
-    f"| {row} | {settings(config)} | {m.neurons:,} | {k} | {seeds} | {paper} | **{measured}** | {gap} | "
+    f"| {row} |{swept} {settings(config, published)} | {m.neurons:,} | {k} | {seeds} | {paper} | "
+    f"**{measured}** | {gap} | "
     f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
     f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "
     f"{_mean_sem(get('forgetting_task_incremental'))} | {_mean_sem(get('dead_fraction'))} | {epochs} | "
@@ -93,8 +109,58 @@ HEADER = (
 )
 
 
-def settings(config) -> str:
-  """The row's regulariser and its hyperparameters, and whether they are the published ones or tuned."""
+def header(columns=()) -> str:
+  """HEADER with the extra `columns` (dotted config fields a sweep varies) after the row's name."""
+  if not columns:
+    return HEADER
+  names, rules = HEADER.split("\n")
+  return (
+    names.replace("| row |", "| row |" + "".join(f" {c} |" for c in columns), 1) + "\n" + rules + "---|" * len(columns)
+  )
+
+
+def _reasons(why) -> list[str]:
+  return [why] if isinstance(why, str) else list(why)
+
+
+def _cell(value) -> str:
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _get(config, field: str):
+  node = config
+  for part in field.split("."):
+    node = node[part]
+  return node
+
+
+def _same(a, b) -> bool:
+  numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+  return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0) if numbers else a == b
+
+
+def population_member(results: dict, config) -> dict:
+  """A population run's results cut down to the members that ran `config`: those whose values of
+  the population's fields (results.json's "population") equal the config's own values of those
+  fields; laid out as a run of its own (per_seed, summary), with the whole program's wall time."""
+  fields = list(results["population"][0]["values"])
+  values = {field: _get(config, field) for field in fields}
+  per_seed = [s for s in results["per_seed"] if all(_same(s.get(f), v) for f, v in values.items())]
+  if not per_seed:
+    raise ValueError(f"no member of the population ran {values}")
+  finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
+  summary = dict(
+    final_accuracy_mean=float(np.mean(finals)) if finals else float("nan"),
+    final_accuracy_sem=metrics.sem(finals),
+    num_seeds=len(per_seed),
+  )
+  member = {key: value for key, value in results.items() if key != "population"}
+  return dict(member, per_seed=per_seed, summary=summary, population_values=values)
+
+
+def settings(config, published: bool = True) -> str:
+  """The row's regulariser and its hyperparameters, and whether they are the published ones or tuned
+  (`published=False`: neither, a sweep's values)."""
   r = config.get("regularizer")
   if r is None or r.method == "none":
     return "–"
@@ -103,25 +169,30 @@ def settings(config) -> str:
     text += f", β {r.beta:g}"  # the tempered softmax of EWC's Fisher and the reference SI's loss
   if r.method == "si":
     text += f", {r.si_variant} path integral"
+  if not published:
+    return text + " (swept)"
   return text + (" (tuned)" if config.get("tuned_on") else " (published)")
 
 
-def seed_curves(workdir: pathlib.Path, results: dict | None = None) -> list[list[dict]]:
+def seed_curves(workdir: pathlib.Path, results: dict | None = None, values: dict | None = None) -> list[list[dict]]:
   """A run's curve rows grouped per seed, from its metrics.csv (results.json written before the
-  curves moved there held them per seed: read those when there is no metrics.csv)."""
+  curves moved there held them per seed: read those when there is no metrics.csv). `values`: of a
+  population run, only the members with these values ({dotted field: value})."""
   path = pathlib.Path(workdir) / "metrics.csv"
   if not path.is_file():
     return [s["curves"] for s in (results or {}).get("per_seed", []) if s.get("curves")]
   rows = metric_writers.read_rows(path)
+  if values:
+    rows = [row for row in rows if all(_same(row.get(f), v) for f, v in values.items())]
   seeds = list(dict.fromkeys(row["seed"] for row in rows))
   return [[row for row in rows if row["seed"] == seed] for seed in seeds]
 
 
-def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str, curves: dict) -> None:
+def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: str, curves: dict, not_paper=()) -> None:
   """Left: full-test accuracy (mean over seeds) during training, per row (`curves`: {row:
   `seed_curves`}), task boundaries in grey (rows trained as one task, e.g. the Oracle, and one-pass
   rows have no curve). Right: final accuracy per row, mean ± s.e.m. over seeds, with the paper's
-  value as a red tick."""
+  value as a red tick (not on the rows in `not_paper`). Needs matplotlib (the `analysis` extra)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -152,7 +223,7 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   sems = [metrics.sem(f) for f in finals]
   y = np.arange(len(rows))
   bars_ax.barh(y, means, xerr=sems, color=[colors[i % 10] for i in range(len(rows))], alpha=0.8, ecolor="0.3")
-  papers = [(i, configs[row].get("paper_final_accuracy", -1.0)) for i, row in enumerate(rows)]
+  papers = [(i, configs[row].get("paper_final_accuracy", -1.0)) for i, row in enumerate(rows) if row not in not_paper]
   papers = [(i, v) for i, v in papers if v is not None and v >= 0]
   if papers:
     bars_ax.scatter(
@@ -179,8 +250,8 @@ def plot_rows(all_results: dict, configs: dict, path: pathlib.Path, *, title: st
   plt.close(fig)
 
 
-def _table_text(title: str, machine: str, command: str, others: list, lines: list[str]) -> str:
-  """The markdown table: what was measured where and how, then one line per row."""
+def _table_text(title: str, machine: str, command: str, others: list, lines: list[str], columns=(), notes=()) -> str:
+  """The markdown table: what was measured where and how, then one line per row, then `notes`."""
   return (
     f"# {title}: paper vs sdm_jax\n\n"
     # `machine` is the one the results were measured on (results.json), not this host.
@@ -197,10 +268,11 @@ def _table_text(title: str, machine: str, command: str, others: list, lines: lis
       else ""
     )
     + "\n\n"
-    + HEADER
+    + header(columns)
     + "\n"
     + "\n".join(lines)
     + "\n"
+    + "".join(f"\n{note}\n" for note in notes)
   )
 
 
@@ -213,6 +285,9 @@ def run_rows(
   filename: str = "table.md",
   also_show: dict | None = None,
   run: bool = True,
+  swept: dict | None = None,
+  not_paper: dict | None = None,
+  populations: dict | None = None,
 ) -> dict:
   """Runs each row's config into WORKDIR/<row>/ (skipping finished ones) and writes WORKDIR/<filename>
   and its figure (the same name, .png).
@@ -224,46 +299,127 @@ def run_rows(
   the finished rows of `configs` too. The table follows the order of
   `also_show`, then the other rows of `configs`, and is rewritten after every row, so a partial
   table survives an interruption. Returns {row: results} of the tabulated rows.
+
+  `swept`: {row: {field: value}}, the fields a sweep varies, shown as columns after the row's name.
+  `not_paper`: {row: why (a line, or a list of reasons)}, rows that do not use the paper's settings:
+  their paper and Δ cells say n/a and a note under the table says why.
+  `populations`: {run name: (population config, [rows])}, rows of `configs` that run together as
+  one population program in WORKDIR/<run name>/ (every combination x every seed stacked:
+  `experiments.schema.members`); each row's results are the members whose values equal the row
+  config's (`population_member`).
   """
-  for config in configs.values():  # refuse a bad row before spending an hour on the others
-    schema.validate_config(config)
+  populations = dict(populations or {})
+  for config in [*configs.values(), *(config for config, _ in populations.values())]:
+    schema.validate_config(config)  # refuse a bad row before spending an hour on the others
+  group_of = {row: name for name, (_, rows) in populations.items() for row in rows}
+  unknown = sorted(set(group_of) - set(configs))
+  if unknown:
+    raise ValueError(f"populations name rows that are not in configs: {unknown}")
   workdir.mkdir(parents=True, exist_ok=True)
   to_run = dict(configs) if run else {}
   shown = {**(also_show or {}), **configs}
   order = list(also_show or {}) + [row for row in configs if row not in (also_show or {})]
+  swept, not_paper = swept or {}, not_paper or {}
+  columns = list(next(iter(swept.values()), {}))
   all_results = {}
   start = time.time()
+
+  def finished(row):
+    """The row's results if it finished in WORKDIR with its config (its population's, if in one)."""
+    if row not in group_of:
+      return _finished(workdir / row, shown[row])
+    results = _finished(workdir / group_of[row], populations[group_of[row]][0])
+    return None if results is None else population_member(results, shown[row])
 
   def finished_elsewhere():
     return {
       row: results
       for row in order
-      if row not in to_run and row not in all_results and (results := _finished(workdir / row, shown[row])) is not None
+      if row not in to_run and row not in all_results and (results := finished(row)) is not None
     }
+
+  def curves(row, results):
+    if row in group_of:
+      return seed_curves(workdir / group_of[row], results, results.get("population_values"))
+    return seed_curves(workdir / row, results)
+
+  def notes(rows) -> list[str]:
+    out = []
+    grouped = {}
+    for row in rows:
+      if row in group_of:
+        grouped.setdefault(group_of[row], []).append(row)
+    for name, members in grouped.items():
+      out.append(
+        f"Rows {', '.join(members)} ran as one population program in `{name}/` (every combination x every "
+        "seed stacked in one compiled program); their wall time is that program's."
+      )
+    differ = [row for row in rows if row in not_paper and shown[row].get("paper_final_accuracy", -1.0) >= 0]
+    if differ:
+      reasons = {row: _reasons(not_paper[row]) for row in differ}
+      common = [r for r in reasons[differ[0]] if len(differ) == len(rows) and all(r in reasons[x] for x in differ)]
+      parts = [f"every row: {', '.join(common)}"] if common else []
+      parts += [
+        f"{row}{' also' if common else ''}: {', '.join(r for r in reasons[row] if r not in common)}"
+        for row in differ
+        if any(r not in common for r in reasons[row])
+      ]
+      out.append(
+        "paper and Δ: n/a where a row does not use the paper's settings (the paper's number holds for the "
+        "experiment config's own values): " + "; ".join(parts) + "."
+      )
+    return out
 
   def write_table(machine: str) -> str:
     done = {**all_results, **finished_elsewhere()}
     rows = [row for row in order if row in done]
     others = [row for row in rows if row not in to_run]
-    text = _table_text(title, machine, command, others, [table_row(row, shown[row], done[row]) for row in rows])
+    lines = [
+      table_row(
+        row,
+        shown[row],
+        done[row],
+        columns=[swept.get(row, {}).get(c, "–") for c in columns],
+        compare=row not in not_paper,
+        published=not any(str(why).startswith("regularizer.") for why in _reasons(not_paper.get(row, ()))),
+      )
+      for row in rows
+    ]
+    text = _table_text(title, machine, command, others, lines, columns, notes(rows))
     (workdir / filename).write_text(text)
-    plot_rows(
-      {row: done[row] for row in rows},
-      {row: shown[row] for row in rows},
-      (workdir / filename).with_suffix(".png"),
-      title=title,
-      curves={row: seed_curves(workdir / row, done[row]) for row in rows},
-    )
+    figure = (workdir / filename).with_suffix(".png")
+    try:
+      plot_rows(
+        {row: done[row] for row in rows},
+        {row: shown[row] for row in rows},
+        figure,
+        title=title,
+        curves={row: curves(row, done[row]) for row in rows},
+        not_paper=not_paper,
+      )
+    except ModuleNotFoundError as e:
+      if e.name != "matplotlib" and not (e.name or "").startswith("matplotlib."):
+        raise
+      logging.warning(f"no figure {figure.name}: matplotlib is not installed ({ANALYSIS_EXTRA})")
     return text
 
-  for i, (row, config) in enumerate(to_run.items()):
-    results = _finished(workdir / row, config)
-    if results is None:
-      print(f"[{i + 1}/{len(to_run)}] {row}", flush=True)
-      results = driver.train_and_evaluate(config, workdir / row)
+  # What runs: a row alone, or a population program with all its rows at once.
+  units = list(dict.fromkeys(group_of.get(row, row) for row in to_run))
+  for i, unit in enumerate(units):
+    if unit in populations:
+      config, rows = populations[unit]
+      rows = [row for row in rows if row in to_run]
+      label = f"{unit} ({len(rows)} rows in one program: {', '.join(rows)})"
     else:
-      print(f"[{i + 1}/{len(to_run)}] {row}: finished earlier, not rerun", flush=True)
-    all_results[row] = results
+      config, rows, label = to_run[unit], [unit], unit
+    results = _finished(workdir / unit, config)
+    if results is None:
+      print(f"[{i + 1}/{len(units)}] {label}", flush=True)
+      results = driver.train_and_evaluate(config, workdir / unit)
+    else:
+      print(f"[{i + 1}/{len(units)}] {label}: finished earlier, not rerun", flush=True)
+    for row in rows:
+      all_results[row] = population_member(results, to_run[row]) if unit in populations else results
     text = write_table(results["machine"])
   all_results.update(finished_elsewhere())
   if not to_run:

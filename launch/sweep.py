@@ -1,4 +1,15 @@
-r"""Runs a sweep: the product of a sweep config's axes, one run (all its seeds in one program) each.
+r"""Runs a sweep: every combination of some config fields' values, and a summary table of them.
+
+Axes on the command line, over any field of an experiment config:
+
+    python -m launch.sweep --config=experiments/configs/split_mnist.py:sdmlp,quick \
+        --axis=optimizer.learning_rate=0.02,0.05 --axis=model.k=5,10 --workdir=/tmp/sweep_lr_k
+
+`--axis=FIELD=V1,V2,...` (repeatable) sweeps a dotted field of the `--config` experiment config;
+values are read with the field's type (int, float, str, bool; tuples in brackets, e.g.
+`--axis=seeds=(0,1),(2,3)`), `--axis=variant=sdmlp,relu` sweeps the config's variants (each with
+the `--config` size option, e.g. `quick`). `--config.FIELD=VALUE` overrides apply to every run.
+Or a named sweep from a file (launch/configs/split_mnist.py: `methods`, `smoke`, `devices`):
 
     python -m launch.sweep --config=launch/configs/split_mnist.py:smoke --workdir=/tmp/sweep
     python -m launch.sweep --config=launch/configs/split_mnist.py:methods --workdir=/mnt/shared/methods \
@@ -6,12 +17,24 @@ r"""Runs a sweep: the product of a sweep config's axes, one run (all its seeds i
                                             # WORKDIR: a folder every worker sees (NFS, gcsfuse)
     python -m launch.sweep ... --coordinator_address=localhost:1234 --num_processes=2 --process_id=0
 
-Each run goes to `WORKDIR/<axis>=<value>__.../` (config.json, results.json,
-metrics.csv, checkpoints/). A run whose results.json says "finished" with the
-same config is skipped, and an interrupted run resumes from its newest
-checkpoint, so rerunning the same command finishes an interrupted sweep.
-`WORKDIR/summary.md` (the table of `experiments.tables`, one line per run) is
-rewritten after every run. See launch/README.md for pod slices and GPU hosts.
+One program or one per combination: when every axis is a field that may vary within one compiled
+program (`experiments.schema.POPULATION_FIELDS`, e.g. regularizer.strength) and the config
+validates as such a population, the whole grid runs as ONE population run (every combination x
+every seed stacked) in `WORKDIR/population__<axes>/`; otherwise (or with `--separate`) each
+combination is one run, all its seeds in one program, in `WORKDIR/<field>=<value>__.../`
+(config.json, results.json, metrics.csv, checkpoints/). The first line printed says which.
+
+A run whose results.json says "finished" with the same config is skipped, and an interrupted run
+resumes from its newest checkpoint, so rerunning the same command finishes an interrupted sweep.
+The summary, `WORKDIR/<name>.md` (`--name`, default the swept fields, e.g. `optimizer.learning_rate
+x model.k`; a sweep file's own name), has one line per combination, one column per swept field,
+and the paper's number only on rows whose swept fields keep the experiment config's own values
+(n/a elsewhere, with a note saying why); it is rewritten after every run, with a figure beside it
+(`<name>.png`, needs matplotlib: pip install -e '.[analysis]'; without it the table is written alone).
+
+Bad input (no such config file or variant, an unknown field, a value of the wrong type, an
+unknown --only name) is refused in one line, exit status 1, before anything is written. See
+launch/README.md for sweep files, pod slices and GPU hosts.
 """
 
 from __future__ import annotations
@@ -19,15 +42,32 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments import cli
 from launch import runner
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Sweep file and name, e.g. launch/configs/split_mnist.py:smoke.", lock_config=False
+  "config",
+  None,
+  "An experiment config and its variant (experiments/configs/split_mnist.py:sdmlp,quick) with --axis flags, "
+  "or a sweep file and its name (launch/configs/split_mnist.py:smoke).",
+  lock_config=False,
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where runs and summary.md are written (shared by all hosts).")
+_AXIS = flags.DEFINE_multi_string(
+  "axis",
+  [],
+  "FIELD=V1,V2,...: a dotted config field and its values, e.g. --axis=optimizer.learning_rate=0.02,0.05 "
+  "(repeatable: the runs are the product of the axes).",
+)
+_NAME = flags.DEFINE_string(
+  "name", "", "The sweep's name: the summary's title and file (default: the swept fields, 'A x B')."
+)
+_SEPARATE = flags.DEFINE_bool(
+  "separate", False, "One run per combination even where the axes could run as one population program."
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where runs and the summary are written (shared by all hosts).")
 _ONLY = flags.DEFINE_list("only", [], "Run only these runs (names as printed); default: all.")
 _MESH_SEED = flags.DEFINE_integer("mesh_seed", -1, "config.mesh.seed of every run (-1: all devices).")
 _MESH_DATA = flags.DEFINE_integer("mesh_data", 1, "config.mesh.data of every run (devices per batch).")
@@ -43,12 +83,62 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
 
-flags.mark_flags_as_required(["config", "workdir"])
+_HELP = ("--help", "-help", "--helpshort", "--helpfull", "--helpxml", "-h", "-?")
+_EXAMPLE = "e.g. --config=experiments/configs/split_mnist.py:sdmlp,quick --axis=model.k=5,10"
+
+
+def is_sweep_file(config) -> bool:
+  return "axes" in config and "experiment" in config
+
+
+def _parse(argv):
+  """absl's flag parsing, after the checks that would otherwise end in a traceback: a --config that
+  does not load, an unknown --config.FIELD. (`--help` first, whatever else the line holds.)"""
+  if any(arg in _HELP for arg in argv[1:]):
+    return app.parse_flags_with_usage(argv)
+  argument = cli._config_argument(argv, None)
+  if not argument:
+    sys.exit(f"error: --config: name an experiment config and its variant, {_EXAMPLE}, or a sweep file")
+  try:
+    loaded = cli.load_config_file(argument)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  problem = cli.override_problem(argv[1:], loaded)
+  if problem:
+    sys.exit(f"error: {problem}")
+  return app.parse_flags_with_usage(argv)
+
+
+def sweep_of(argument: str, loaded, axes: list[str], name: str):
+  """The sweep the command line describes: a sweep file (with any --axis added), or an experiment
+  config with --axis flags. Raises ValueError in one line."""
+  if not is_sweep_file(loaded):
+    return runner.from_command_line(argument, loaded, axes, name)
+  sweep = loaded
+  if axes:
+    base = runner._experiment_config(sweep, sweep.variant)
+    size = str(sweep.variant).partition(",")[2]
+    added = [runner.parse_axis(text, base, size=size) for text in axes]
+    fields = [field for field, _ in (*sweep.axes, *added)]
+    twice = sorted({field for field in fields if fields.count(field) > 1})
+    if twice:
+      raise ValueError(f"--axis: {', '.join(twice)} is an axis of the sweep file already")
+    sweep.axes = (*sweep.axes, *added)
+  unchanged = not axes and tuple(map(tuple, sweep.axes)) == tuple(map(tuple, cli.load_config_file(argument).axes))
+  sweep.name = name or (sweep.get("name") if unchanged else "") or runner.default_name([f for f, _ in sweep.axes])
+  return sweep
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --config, --axis, --workdir, ... (see --help)")
+  if not _WORKDIR.value:
+    sys.exit("error: --workdir: name the folder the runs and the summary go to, e.g. --workdir=/tmp/sweep")
+  argument = cli._config_argument(sys.argv, None)
+  try:
+    sweep = sweep_of(argument, _CONFIG.value, _AXIS.value, _NAME.value)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   # Before anything touches a device: with several processes every one must join first.
   if _COORDINATOR.value or _DISTRIBUTED.value:
     from sdm_jax.runs import mesh as mesh_lib
@@ -57,15 +147,21 @@ def main(argv):
       mesh_lib.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     else:
       mesh_lib.initialize_distributed()
-  runner.run_sweep(
-    _CONFIG.value,
-    pathlib.Path(_WORKDIR.value),
-    only=_ONLY.value,
-    mesh_seed=_MESH_SEED.value,
-    mesh_data=_MESH_DATA.value,
-    command="python -m launch.sweep " + " ".join(sys.argv[1:]),
-  )
+  try:
+    runner.run_sweep(
+      sweep,
+      pathlib.Path(_WORKDIR.value),
+      only=_ONLY.value,
+      mesh_seed=_MESH_SEED.value,
+      mesh_data=_MESH_DATA.value,
+      command="python -m launch.sweep " + " ".join(sys.argv[1:]),
+      separate=_SEPARATE.value,
+    )
+  except (ValueError, OSError, FloatingPointError) as e:  # refusals and faults: their message says it all
+    logging.debug("the traceback of the error below", exc_info=True)
+    sys.exit(f"error: {cli._one_line(e, _WORKDIR.value)}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.with_extras_help()
+  app.run(main, flags_parser=_parse)

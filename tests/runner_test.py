@@ -70,7 +70,7 @@ def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
   results = sweep_lib.run_sweep(config, tmp_path)
   assert sorted(calls) == sorted(set(sweep_lib.expand(config)) - set(first))  # only the missing runs
   assert len(results) == 8
-  summary = (tmp_path / "summary.md").read_text()
+  summary = (tmp_path / "smoke.md").read_text()  # named after the sweep
   assert all(f"| {name} |" in summary for name in results)
   calls.clear()
   sweep_lib.run_sweep(config, tmp_path)  # all finished: nothing runs
@@ -79,5 +79,5 @@ def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
   (tmp_path / "variant=relu-tiny__neurons=64" / "results.json").unlink()
   sweep_lib.run_sweep(config, tmp_path, only=["variant=relu-tiny__neurons=64", "variant=sdmlp-tiny__neurons=16"])
   assert calls == ["variant=relu-tiny__neurons=64"]
-  with pytest.raises(ValueError, match="unknown runs"):
+  with pytest.raises(ValueError, match="--only: no run named"):
     sweep_lib.run_sweep(config, tmp_path, only=["variant=mlp"])
