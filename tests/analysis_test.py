@@ -308,3 +308,22 @@ def test_analyze_cli_end_to_end(tmp_path):
   assert "no final_state.npz" in report and "--no_umap" in report
   assert "0.99" in report and "2.25" in report  # the paper's Table 10 values beside ours
   assert "300 training examples" in report and "- runs made by the test" in report
+
+
+@pytest.mark.slow
+def test_the_report_names_each_dead_figure_by_the_inputs_it_counts_over(tmp_path):
+  """Issue 39: report.md gave 36.9% and 16.4% 'dead' for one run with no word on why. Both use the
+  authors' rule (summed activation < 1e-4) over different inputs; each is now named for its inputs."""
+  pytest.importorskip("matplotlib")
+  from experiments import analyze
+
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,))
+  report = analyze.analyze([str(sdm)], tmp_path / "out", max_examples=200, do_umap=False).read_text()
+  assert analyze.DEAD_NOTE in report
+  runs_header = next(line for line in report.splitlines() if line.startswith("| run | model |"))
+  neurons_header = next(line for line in report.splitlines() if line.startswith("| run | weighted mean"))
+  assert "| dead in training (last epoch) |" in runs_header and "dead on all tasks" not in runs_header
+  assert "| dead on all tasks |" in neurons_header and "dead in training" not in neurons_header
+  assert "| 5.0% |" in next(line for line in report.splitlines() if line.startswith("| sdm |"))  # results.json's
+  caption = next(line for line in report.splitlines() if line.startswith("Dead in training ("))
+  assert "see 'Dead neurons' at the top" in caption
