@@ -179,3 +179,51 @@ def test_a_second_run_on_a_live_runs_workdir_is_refused_and_the_first_finishes_a
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bitwise
   assert (shared / "metrics.csv").read_text() == (alone / "metrics.csv").read_text()
   assert not lock.exists()
+
+
+def test_the_analyze_command_names_the_workdir_and_any_extra_it_lacks(monkeypatch):
+  config = split_mnist.get_config("sdmlp,tiny")
+  assert cli.analyze_command(config, "/tmp/my run") == "python -m experiments.analyze --workdir='/tmp/my run'"
+  monkeypatch.setitem(sys.modules, "umap", None)  # (an import of a None entry fails, as a missing module does)
+  assert cli.analyze_command(config, "/tmp/r") == (
+    "python -m experiments.analyze --workdir=/tmp/r  (its UMAP (or add --no_umap) needs umap-learn, which is not "
+    "installed: pip install -e '.[analysis]')"
+  )
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  assert cli.analyze_command(config, "/tmp/r").endswith(
+    "(it needs matplotlib, which is not installed: pip install -e '.[analysis]')"
+  )
+  config.population.regularizer.strength = (1.0, 2.0)
+  assert cli.analyze_command(config, "/tmp/r") is None  # a population: analyze draws single runs
+  assert cli.analyze_command(_cifar_config(), "/tmp/r") is None
+
+
+def _cifar_config():
+  from experiments.configs import split_cifar
+
+  return split_cifar.get_config()
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
+  matplotlib = pytest.importorskip("matplotlib")
+  assert cli.require("matplotlib", "figures") is matplotlib and cli.missing_extra("matplotlib", "figures") is None
+  monkeypatch.setitem(sys.modules, "torch", None)
+  message = "the PyTorch row needs torch, which is not installed: pip install -e '.[torch]'"
+  assert cli.missing_extra("torch", "the PyTorch row") == message
+  with pytest.raises(cli.MissingExtra) as error:
+    cli.require("torch", "the PyTorch row")
+  assert str(error.value) == message
+
+
+@pytest.mark.slow
+def test_the_main_job_names_its_workdir_first_and_the_analyze_command_last(tmp_path):
+  """Issue 39: the workdir was named only on the last line, and analyze never suggested."""
+  workdir = tmp_path / "run"
+  flags = ["--config=experiments/configs/split_mnist.py:flymodel,tiny", "--config.model.neurons=200"]
+  done = subprocess.run(
+    _command(*flags, f"--workdir={workdir}"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if line.startswith("I") and "] " in line]
+  assert lines[0].startswith(f"workdir {workdir}: config.json, results.json, metrics.csv")
+  assert lines[-1].startswith(f"figures and a report of this run: python -m experiments.analyze --workdir={workdir}")

@@ -413,9 +413,44 @@ def test_a_population_of_an_unregularised_run_or_another_field_is_refused(tmp_pa
   with pytest.raises(ValueError, match=r"config\.population\.regularizer\.strength: varies a regulariser's value"):
     driver.train_and_evaluate(_tiny("sdmlp", **{"population.regularizer.strength": (1.0,)}), tmp_path / "a")
   config = _tiny("ewc")
-  config.population.optimizer = {"learning_rate": (0.01, 0.1)}
-  with pytest.raises(ValueError, match=r"config\.population\.optimizer: only"):
+  config.population.optimizer = {"momentum": (0.5, 0.9)}
+  with pytest.raises(ValueError, match=r"config\.population\.optimizer\.momentum: only"):
     driver.train_and_evaluate(config, tmp_path / "b")
+  with pytest.raises(ValueError, match=r"config\.population\.model\.k: each k must be an integer in \[1, model"):
+    driver.train_and_evaluate(_tiny("sdmlp", **{"population.model.k": (2, 20_000)}), tmp_path / "c")
+  with pytest.raises(ValueError, match=r"config\.population\.model\.k: k may vary with a fixed-k schedule"):
+    driver.train_and_evaluate(_tiny("topk", **{"population.model.k": (2, 3)}), tmp_path / "d")
+  assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+@pytest.mark.slow
+def test_a_population_of_learning_rates_and_k_is_its_members_run_one_by_one(tmp_path, count_compiles):
+  """SDMLP learning rate x k (2 x 2) as one program: the learning rate lives in the optimiser state
+  (optax.inject_hyperparams), k is traced under the static bound max(k). Such a population trains
+  with the dense step, so each member is compared with its run alone with train_step='dense':
+  bitwise on CPU, with as many compilations as one run."""
+  grid = {"population.optimizer.learning_rate": (0.02, 0.05), "population.model.k": (3, 5)}
+  base = dict(seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, epochs_per_task=2)
+  results, compiled = count_compiles(
+    lambda: driver.train_and_evaluate(_tiny("sdmlp", **base, **grid), tmp_path / "population"), clear=True
+  )
+  points = [(m["optimizer.learning_rate"], m["model.k"]) for m in results["per_seed"]]
+  assert points == [(0.02, 3), (0.02, 5), (0.05, 3), (0.05, 5)]
+  members = final_state.load(tmp_path / "population" / "final_state.npz")
+  for i, (lr, k) in enumerate(points):
+    alone_config = _tiny("sdmlp", **base, train_step="dense")
+    alone_config.optimizer.learning_rate, alone_config.model.k = lr, k
+    alone, alone_compiled = count_compiles(
+      lambda: driver.train_and_evaluate(alone_config, tmp_path / f"alone{i}"), clear=True
+    )
+    assert results["per_seed"][i]["acc_matrix"] == alone["per_seed"][0]["acc_matrix"], (lr, k)
+    single = final_state.load(tmp_path / f"alone{i}" / "final_state.npz")
+    np.testing.assert_array_equal(members.gaba_counts[i], single.gaba_counts[0])
+    for name in ("hidden", "output"):
+      np.testing.assert_array_equal(members.params[name]["kernel"][i], single.params[name]["kernel"][0], f"{i} {name}")
+    assert len(compiled) == len(alone_compiled) > 0, (compiled, alone_compiled)
+  # The values make a difference: every member ends in its own place.
+  assert len({float(np.sum(members.params["hidden"]["kernel"][i])) for i in range(4)}) == 4
 
 
 @pytest.mark.slow
@@ -523,3 +558,23 @@ def test_a_full_disk_mid_run_fails_in_one_line_and_results_say_failed(tmp_path, 
   assert saved["failure"] == f"OSError: No space left on device: {tmp_path / 'run' / 'checkpoints' / '3'}"
   assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["1", "2"]
   assert "Traceback" not in caplog.text and not (tmp_path / "run" / "run.lock").exists()
+
+
+def test_the_first_progress_line_says_what_the_rate_counts():
+  """Issue 39: 'seed-steps/s' was unexplained. The first block's line (it compiled: no rate yet) says it."""
+  speed = driver._Speed(steps_per_block=[10, 10], blocks_per_task=2)
+  speed.update(1.0, 0)
+  assert speed.line(6, 0, 0) == (
+    "rate and ETA from the next block (this one compiled); rate in seed-steps/s = optimiser steps per second "
+    "summed over the 6 models trained together (one per seed and population value)"
+  )
+  speed.update(0.5, 0)
+  assert speed.line(6, 0, 1) == "120 seed-steps/s | ETA 0m01s"  # 10 steps in 0.5 s, x 6 models; 2 blocks left
+
+
+@pytest.mark.slow
+def test_the_run_logs_its_workdir_before_anything_of_the_run(tmp_path, caplog):
+  """Issue 39: the workdir was named only on the last line."""
+  driver.train_and_evaluate(_tiny("flymodel", **{"model.neurons": 200}), tmp_path / "run")
+  lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
+  assert lines[0].startswith(f"workdir {(tmp_path / 'run').resolve()}: config.json, results.json")

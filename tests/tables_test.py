@@ -1,6 +1,7 @@
 """experiments.tables: rows run once, resume, and the markdown table carries paper and measured values."""
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -142,3 +143,62 @@ def test_settings_say_which_hyperparameters_a_row_has():
   assert tables.settings(split_mnist.get_config("si_textbook_tuned")) == "SI c 3000, textbook path integral (tuned)"
   assert tables.settings(split_mnist.get_config("sdmlp")) == "–"
   assert tables.settings(split_fashion_mnist.get_config("ewc_tuned")) == "EWC λ 100, β 0.08 (tuned)"
+
+
+def _fake_run(config, workdir):
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+  results = dict(status="finished", wall_time_s=1.0, machine="test", per_seed=[dict(seed=0, final_accuracy=0.5)])
+  (workdir / "results.json").write_text(json.dumps(results))
+  return results
+
+
+def test_without_matplotlib_the_table_is_written_without_its_figure(tmp_path, monkeypatch, caplog):
+  monkeypatch.setattr(driver, "train_and_evaluate", _fake_run)
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the `analysis` extra were not installed
+  tables.run_rows({"sdmlp": _configs()["sdmlp"]}, tmp_path, title="T", command="c", filename="t.md")
+  assert (tmp_path / "t.md").is_file() and not (tmp_path / "t.png").exists()
+  assert "no figure t.png: matplotlib is not installed (pip install -e '.[analysis]')" in caplog.text
+
+
+def test_swept_columns_and_rows_without_the_papers_number(tmp_path, monkeypatch):
+  monkeypatch.setattr(driver, "train_and_evaluate", _fake_run)
+  configs = {"lr=0.05": split_mnist.get_config("sdmlp,tiny"), "lr=0.02": split_mnist.get_config("sdmlp,tiny")}
+  configs["lr=0.02"].optimizer.learning_rate = 0.02
+  tables.run_rows(
+    configs,
+    tmp_path,
+    title="Sweep lr",
+    command="c",
+    filename="t.md",
+    swept={"lr=0.05": {"optimizer.learning_rate": 0.05}, "lr=0.02": {"optimizer.learning_rate": 0.02}},
+    not_paper={"lr=0.02": ["optimizer.learning_rate 0.02 (the config's own: 0.05)"]},
+  )
+  text = (tmp_path / "t.md").read_text()
+  lines = [line for line in text.splitlines() if line.startswith("| ")]
+  assert lines[0].startswith("| row | optimizer.learning_rate | regulariser |")
+  assert len(lines[0].split("|")) == len(lines[1].split("|"))  # the rule row has the extra column too
+  paper = f"{split_mnist.PAPER_FINAL_ACCURACY['sdmlp']:.2f}"
+  assert lines[1].startswith(f"| lr=0.05 | 0.05 | – | 1,000 | 10 | 0 | {paper} | **0.500** |")
+  assert lines[2].startswith("| lr=0.02 | 0.02 | – | 1,000 | 10 | 0 | n/a | **0.500** | n/a |")
+  assert "lr=0.02: optimizer.learning_rate 0.02 (the config's own: 0.05)." in text
+
+
+def test_a_population_member_is_laid_out_as_a_run_of_its_own():
+  config = split_mnist.get_config("ewc,tiny")
+  config.regularizer.strength = 30.0
+  results = dict(
+    status="finished",
+    per_seed=[
+      dict(member=m, seed=s, **{"regularizer.strength": v}, final_accuracy=v / 100 + s)
+      for m, (v, s) in enumerate([(30.0, 0), (30.0, 1), (300.0, 0), (300.0, 1)])
+    ],
+    population=[dict(values={"regularizer.strength": v}) for v in (30.0, 300.0)],
+  )
+  member = tables.population_member(results, config)
+  assert [s["member"] for s in member["per_seed"]] == [0, 1] and "population" not in member
+  assert member["summary"]["final_accuracy_mean"] == pytest.approx(0.8) and member["summary"]["num_seeds"] == 2
+  assert member["population_values"] == {"regularizer.strength": 30.0}
+  config.regularizer.strength = 3.0
+  with pytest.raises(ValueError, match="no member of the population ran"):
+    tables.population_member(results, config)
