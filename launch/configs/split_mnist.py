@@ -1,5 +1,9 @@
 """Sweeps over Split MNIST runs (`python -m launch.sweep --config=launch/configs/split_mnist.py:NAME`).
 
+Named sweeps kept in a file. For a sweep of your own, give the axes on the command line instead:
+`python -m launch.sweep --config=experiments/configs/split_mnist.py:sdmlp,quick --axis=model.k=5,10
+--workdir=DIR` (launch/README.md). The summary is WORKDIR/NAME.md.
+
 A sweep is a product of axes. Each axis is (field, values): `variant` picks the
 experiment config (`experiments/configs/split_mnist.py`, e.g. "sdmlp,quick"),
 any other dotted field (`model.neurons`, `class_order`, ...) is set on it.
