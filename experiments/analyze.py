@@ -453,7 +453,7 @@ def plot_umap(run: dict, out: pathlib.Path) -> str:
     )
   )
   axes[1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
-  l2 = "L2-normalised " if run["neurons"]["spec"].l2_norm else ""
+  l2 = "L2-normalised " if run["neurons"]["spec"].hidden.l2_norm else ""
   fig.suptitle(
     f"{run['label']}: {len(u['labels'])} {l2}training images (dots) and {len(u['kept'])} neurons "
     f"with > {analysis.UMAP_MIN_ACTIVATIONS} activations (triangles), seed index 0",
@@ -766,7 +766,7 @@ def _neuron_figures(runs: list[dict], out: pathlib.Path, notes: list[str], seed:
           "(b) fit on the data. Seed index 0."
           + (
             ""
-            if run["neurons"]["spec"].l2_norm and run["neurons"]["spec"].positive_weights
+            if run["neurons"]["spec"].hidden.l2_norm and run["neurons"]["spec"].hidden.positive
             else " This model's addresses are signed and not unit-norm, so they need not lie near the "
             "data: in (b) they can collapse onto a few points."
           ),

@@ -327,3 +327,16 @@ def test_the_report_names_each_dead_figure_by_the_inputs_it_counts_over(tmp_path
   assert "| 5.0% |" in next(line for line in report.splitlines() if line.startswith("| sdm |"))  # results.json's
   caption = next(line for line in report.splitlines() if line.startswith("Dead in training ("))
   assert "see 'Dead neurons' at the top" in caption
+
+
+@pytest.mark.slow
+def test_analyze_draws_the_umap_figure(tmp_path):
+  """The UMAP path (left out of the end-to-end test above, --no_umap, for time) with the spec's fields
+  as the layer now names them (the main job's suggested analyze command runs it)."""
+  pytest.importorskip("matplotlib")
+  pytest.importorskip("umap")
+  from experiments import analyze
+
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,), neurons=40)
+  report = analyze.analyze([str(sdm)], tmp_path / "out", max_examples=100, do_umap=True).read_text()
+  assert (tmp_path / "out" / "sdm_umap.png").is_file() and "](sdm_umap.png)" in report  # (k=10 of 40 fire per example)
