@@ -215,8 +215,16 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("pretrained_index", f"must be >= 0, got {config.pretrained_index}")
 
 
-# The config fields a population may vary (`regularizers.POPULATION_FIELDS`: they change no shape).
-POPULATION_FIELDS = tuple(f"regularizer.{name}" for name in regularizers.POPULATION_FIELDS)
+# The config fields a population may vary in one compiled program (they change no shape): the learning
+# rate, the hidden layer's k and GABA T, the regulariser's numbers (`train.POPULATION_FIELDS`).
+POPULATION_FIELDS = ("optimizer.learning_rate", "model.k", "model.gaba_switch_activations") + tuple(
+  f"regularizer.{name}" for name in regularizers.POPULATION_FIELDS
+)
+# Fields that make each model's step its own: such a population trains with the dense step (the sparse
+# step's kernels take one learning rate and one k per program).
+DENSE_POPULATION_FIELDS = POPULATION_FIELDS[:3]
+# `train.init_states`' names of the fields (`member_hyper`).
+HYPER_NAMES = {"model.gaba_switch_activations": "switch_activations"}
 
 
 def population_grid(config: ml_collections.ConfigDict) -> list[dict[str, float]] | None:
@@ -227,7 +235,10 @@ def population_grid(config: ml_collections.ConfigDict) -> list[dict[str, float]]
   if not given:
     return None
   fields = [f for f, _ in given]
-  return [dict(zip(fields, map(float, point))) for point in itertools.product(*(v for _, v in given))]
+  kinds = [int if f == "model.k" else float for f in fields]
+  return [
+    {f: kind(v) for f, kind, v in zip(fields, kinds, point)} for point in itertools.product(*(v for _, v in given))
+  ]
 
 
 def _population_values(config, field: str):
@@ -248,7 +259,7 @@ def member_hyper(values: list[dict] | None) -> dict | None:
   """`train.init_states`' `hyper` ({spec field: [M] values}) from `members`' values."""
   if values is None:
     return None
-  return {field.split(".")[1]: [v[field] for v in values] for field in values[0]}
+  return {HYPER_NAMES.get(field, field.split(".")[1]): [v[field] for v in values] for field in values[0]}
 
 
 def _validate_population(config: ml_collections.ConfigDict) -> None:
@@ -281,7 +292,26 @@ def _validate_population(config: ml_collections.ConfigDict) -> None:
 
 def _validate_population_field(config, field: str, where: str, values) -> None:
   method = (config.get("regularizer") or {}).get("method", "none")
-  if method == "none" or config.model.kind == "flymodel":
+  m = config.model
+  if m.kind == "flymodel":
+    _fail(where, "the FlyModel has no learned hidden layer or optimiser to vary in a population")
+  if field == "optimizer.learning_rate":
+    if not all(v > 0 for v in values):
+      _fail(where, f"learning rates must be > 0, got {tuple(values)}")
+    return
+  if field == "model.k":
+    if m.k_schedule not in ("gaba", "flat"):
+      _fail(where, f"k may vary with a fixed-k schedule ('gaba' or 'flat'), not model.k_schedule={m.k_schedule!r}")
+    if not all(isinstance(v, int) and 1 <= v < m.neurons for v in values):
+      _fail(where, f"each k must be an integer in [1, model.neurons = {m.neurons}), got {tuple(values)}")
+    return
+  if field == "model.gaba_switch_activations":
+    if m.k_schedule != "gaba" or m.get("gaba_switch_epochs", 0.0) > 0:
+      _fail(where, "T varies with the GABA switch (model.k_schedule='gaba') and no model.gaba_switch_epochs")
+    if not all(v > 0 for v in values):
+      _fail(where, f"each T must be > 0, got {tuple(values)}")
+    return
+  if method == "none":
     _fail(
       where,
       f"varies a regulariser's value, but this run has regularizer.method={method!r} (model {config.model.kind!r})",
@@ -299,10 +329,11 @@ def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
   """The run's `models.ModelSpec` from `config.model` (every field honoured, for every kind but the
   FlyModel, which has its own); a bad field raises ValueError naming it as config.model.<field>."""
   m = config.model
+  population_k = _population_values(config, "model.k")
   try:
     hidden = sdm_layer.SDMSpec(
       neurons=m.neurons,
-      k=m.k,
+      k=max(population_k) if population_k else m.k,  # a population's k: each model's, the largest the bound
       k_schedule=m.k_schedule,
       inhibition=m.inhibition,
       switch_activations=float(m.gaba_switch_activations),
@@ -315,7 +346,10 @@ def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
     )
     return models.ModelSpec(m.input_size, m.num_classes, hidden, output_bias=m.output_bias, dropout=m.dropout)
   except sdm_layer.SpecError as e:
-    _fail(f"model.{MODEL_FIELD_NAMES.get(e.field, e.field)}", e.message)
+    field = (
+      "population.model.k" if e.field == "k" and population_k else f"model.{MODEL_FIELD_NAMES.get(e.field, e.field)}"
+    )
+    _fail(field, e.message)
 
 
 def regularizer_spec(config: ml_collections.ConfigDict):
@@ -346,13 +380,21 @@ def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
     return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
   if mesh_lib.data_axis(mesh_of(config)) is not None:
     return None  # the sparse step is not data-parallel
+  if any(_population_values(config, field) for field in DENSE_POPULATION_FIELDS):
+    return None  # each model its own learning rate, k or T: the dense step (`DENSE_POPULATION_FIELDS`)
   return sparse.SparseSGD(o.learning_rate, o.clip_norm or None)
 
 
 def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
   o = config.optimizer
   return optimizers.for_model(
-    spec, o.name, o.learning_rate, clip_norm=o.clip_norm or None, momentum=o.momentum, weight_decay=o.weight_decay
+    spec,
+    o.name,
+    o.learning_rate,
+    clip_norm=o.clip_norm or None,
+    momentum=o.momentum,
+    weight_decay=o.weight_decay,
+    inject_learning_rate=bool(_population_values(config, "optimizer.learning_rate")),
   )
 
 

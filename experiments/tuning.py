@@ -55,8 +55,9 @@ def final_config(config, chosen: dict, seeds) -> ml_collections.ConfigDict:
   for field, value in chosen.items():
     section, name = field.split(".")
     config[section][name] = value
-  for name in config.population.regularizer:
-    config.population.regularizer[name] = ()
+  for section in config.population:
+    for name in config.population[section]:
+      config.population[section][name] = ()
   config.seeds, config.validation_fraction = tuple(seeds), 0.0
   return config
 

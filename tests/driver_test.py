@@ -413,9 +413,62 @@ def test_a_population_of_an_unregularised_run_or_another_field_is_refused(tmp_pa
   with pytest.raises(ValueError, match=r"config\.population\.regularizer\.strength: varies a regulariser's value"):
     driver.train_and_evaluate(_tiny("sdmlp", **{"population.regularizer.strength": (1.0,)}), tmp_path / "a")
   config = _tiny("ewc")
-  config.population.optimizer = {"learning_rate": (0.01, 0.1)}
-  with pytest.raises(ValueError, match=r"config\.population\.optimizer: only"):
+  config.population.optimizer = {"momentum": (0.5, 0.9)}
+  with pytest.raises(ValueError, match=r"config\.population\.optimizer\.momentum: only"):
     driver.train_and_evaluate(config, tmp_path / "b")
+  with pytest.raises(ValueError, match=r"config\.population\.model\.k: must be < neurons"):
+    driver.train_and_evaluate(_tiny("sdmlp", **{"population.model.k": (2, 20_000)}), tmp_path / "c")
+  with pytest.raises(ValueError, match=r"config\.population\.model\.k: k may vary with a fixed-k schedule"):
+    driver.train_and_evaluate(_tiny("topk", **{"population.model.k": (2, 3)}), tmp_path / "d")
+  assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "grid, exact",
+  [
+    ({"population.optimizer.learning_rate": (0.02, 0.05)}, True),
+    ({"population.model.k": (3, 5)}, True),
+    ({"population.optimizer.learning_rate": (0.02, 0.05), "population.model.k": (3, 5)}, False),
+  ],
+  ids=["lr", "k", "lr_x_k"],
+)
+def test_a_population_of_learning_rates_and_k_is_its_members_run_one_by_one(grid, exact, tmp_path, count_compiles):
+  """SDMLP learning rates and k as one program: the learning rate lives in the optimiser state
+  (optax.inject_hyperparams), k is traced under the static bound max(k). Such a population trains
+  with the dense step, so each member is compared with its run alone with train_step='dense', with
+  as many compilations as one run. Two models: bitwise on CPU. Four (2 x 2): XLA:CPU compiles the
+  loop over four models differently from a single run (so does a population of four learning
+  rates), and the parameters agree to 1e-5, the GABA counters to a few firings."""
+  base = dict(seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, epochs_per_task=2)
+  results, compiled = count_compiles(
+    lambda: driver.train_and_evaluate(_tiny("sdmlp", **base, **grid), tmp_path / "population"), clear=True
+  )
+  members = final_state.load(tmp_path / "population" / "final_state.npz")
+  fields = list(grid)
+  points = [tuple(m[f.removeprefix("population.")] for f in fields) for m in results["per_seed"]]
+  assert len(points) == len(set(points)) == np.prod([len(v) for v in grid.values()])
+  for i, point in enumerate(points):
+    alone_config = _tiny("sdmlp", **base, train_step="dense")
+    for field, value in zip(fields, point):
+      _set(alone_config, field.removeprefix("population."), value)
+    alone, alone_compiled = count_compiles(
+      lambda: driver.train_and_evaluate(alone_config, tmp_path / f"alone{i}"), clear=True
+    )
+    single = final_state.load(tmp_path / f"alone{i}" / "final_state.npz")
+    assert len(compiled) == len(alone_compiled) > 0, (compiled, alone_compiled)
+    if exact:
+      assert results["per_seed"][i]["acc_matrix"] == alone["per_seed"][0]["acc_matrix"], point
+      np.testing.assert_array_equal(members.gaba_counts[i], single.gaba_counts[0])
+      for name in ("hidden", "output"):
+        np.testing.assert_array_equal(members.params[name]["kernel"][i], single.params[name]["kernel"][0], point)
+    else:
+      np.testing.assert_allclose(results["per_seed"][i]["acc_matrix"], alone["per_seed"][0]["acc_matrix"], atol=0.01)
+      np.testing.assert_allclose(members.gaba_counts[i], single.gaba_counts[0], atol=3)
+      for name in ("hidden", "output"):
+        np.testing.assert_allclose(members.params[name]["kernel"][i], single.params[name]["kernel"][0], atol=1e-5)
+  # The values make a difference: every member ends in its own place.
+  assert len({float(np.sum(members.params["hidden"]["kernel"][i])) for i in range(len(points))}) == len(points)
 
 
 @pytest.mark.slow

@@ -83,14 +83,21 @@ def test_without_positivity_or_norms():
   np.testing.assert_allclose(a_star, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_traced_k_under_a_fixed_schedule_is_refused_not_ignored():
-  spec, params = _layer()
-  counts = sdm_layer.init_counts(spec)
-  with pytest.raises(ValueError, match=r"spec.k=2 under the 'gaba' schedule, but a traced k"):
-    jax.jit(lambda k: sdm_layer.activations(params, jnp.asarray(_x()), spec=spec, k=k, counts=counts))(5)
-  with pytest.raises(ValueError, match=r"k=5 given"):
-    sdm_layer.activations(params, jnp.asarray(_x()), spec=spec, k=5, counts=counts)
-  assert sdm_layer.k_in_force(spec, 123) == K and isinstance(sdm_layer.k_in_force(spec, 123), int)
+@pytest.mark.parametrize("k_schedule", ["gaba", "flat"])
+def test_a_traced_k_below_the_bound_selects_exactly_as_a_spec_with_that_k(k_schedule):
+  """A population's per-model k (spec.k the static bound): bitwise the layer built with that k, and
+  a traced T the layer built with that T."""
+  bound = sdm_layer.SDMSpec(neurons=NEURONS, k=5, k_schedule=k_schedule, switch_activations=7.0)
+  own = sdm_layer.SDMSpec(neurons=NEURONS, k=K, k_schedule=k_schedule, switch_activations=3.0)
+  params = sdm_layer.init(jax.random.key(1), IN, own)
+  counts = jnp.arange(NEURONS, dtype=jnp.float32) % 4  # λ spread over [-1, 1] with T = 3
+  x = jnp.asarray(_x())
+  traced = jax.jit(lambda k, t: sdm_layer.activations(params, x, spec=bound, k=k, counts=counts, switch_activations=t))
+  fixed = jax.jit(lambda: sdm_layer.activations(params, x, spec=own, counts=counts))
+  np.testing.assert_array_equal(traced(K, 3.0), fixed())
+  with pytest.raises(ValueError, match=r"k=6 given, but the .* bound is spec.k=5"):
+    sdm_layer.activations(params, x, spec=bound, k=6, counts=counts)
+  assert sdm_layer.k_in_force(bound, 123) == 5 and isinstance(sdm_layer.k_in_force(bound, 123), int)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +122,7 @@ def test_bad_spec_names_the_field(fields, argument):
 
 def test_wrong_feature_size_and_bad_epochs_are_refused():
   spec, params = _layer()
-  with pytest.raises(ValueError, match=rf"^x must be \[batch, \.\.\.\] with {IN} features"):
+  with pytest.raises(ValueError, match=rf"^x must be \[\.\.\., {IN}\]: the last axis holds the features"):
     sdm_layer.apply(params, sdm_layer.init_counts(spec), jnp.ones((4, IN + 2)), spec=spec)
   with pytest.raises(ValueError, match="^in_features"):
     sdm_layer.init(jax.random.key(0), 0, spec)
@@ -149,11 +156,6 @@ def test_project_clamps_then_normalises_columns_and_keeps_zero_columns():
   kernel = jnp.asarray([[3.0, -1.0, 0.0], [4.0, -2.0, 0.0]])
   out = sdm_layer.project({"kernel": kernel}, spec)["kernel"]
   np.testing.assert_allclose(out, [[0.6, 0.0, 0.0], [0.8, 0.0, 0.0]], rtol=1e-6)
-
-
-def test_dead_fraction():
-  a = jnp.asarray([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])
-  assert float(sdm_layer.dead_fraction(a)) == 0.5
 
 
 def _pure_run(key, xs, ys, *, spec):

@@ -17,8 +17,8 @@ def _point(strength, beta, acc):
 def test_parse_grid_and_its_errors():
   grid = tuning.parse_grid("regularizer.strength=10,1e3; regularizer.beta=0.005")
   assert grid == {"regularizer.strength": (10.0, 1000.0), "regularizer.beta": (0.005,)}
-  with pytest.raises(ValueError, match=r"'optimizer.learning_rate' cannot vary in one program"):
-    tuning.parse_grid("optimizer.learning_rate=0.1")
+  with pytest.raises(ValueError, match=r"'optimizer.momentum' cannot vary in one program"):
+    tuning.parse_grid("optimizer.momentum=0.1")
   with pytest.raises(ValueError, match=r"'regularizer.beta=x' is not FIELD=V1,V2"):
     tuning.parse_grid("regularizer.beta=x")
 

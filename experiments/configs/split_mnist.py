@@ -194,8 +194,13 @@ def base_config() -> ml_collections.ConfigDict:
   config.regularizer.si_variant = "reference"  # reference (authors' double backward) | textbook
   # Hyperparameter population: values given here become a stacked axis beside the seeds, every
   # combination times every seed in one compiled program (experiments/schema.py:members), e.g.
-  # --config.population.regularizer.strength='(100.0,1000.0)'. Only these fields may vary.
+  # --config.population.regularizer.strength='(100.0,1000.0)' or
+  # --config.population.optimizer.learning_rate='(0.02,0.05)' --config.population.model.k='(5,10)'.
+  # Only these fields may vary (experiments/schema.py:POPULATION_FIELDS). A population of learning
+  # rates, k or T trains with the dense step (each model its own step).
   config.population = ml_collections.ConfigDict()
+  config.population.optimizer = ml_collections.ConfigDict(dict(learning_rate=()))
+  config.population.model = ml_collections.ConfigDict(dict(k=(), gaba_switch_activations=()))
   config.population.regularizer = ml_collections.ConfigDict(dict(strength=(), beta=(), decay=()))
   # > 0: hold out this fraction of each class's training examples and evaluate on them instead of the
   # test set (for choosing hyperparameters; sdm_jax/data/splits.py:hold_out_validation).

@@ -197,39 +197,49 @@ def threshold_bound(spec: SDMSpec) -> int | None:
   return spec.k + (1 if spec.inhibition == "subtract" or spec.k_schedule == "gaba" else 0)
 
 
-def _check_fixed_k(spec: SDMSpec, k) -> None:
-  """A fixed-k schedule refuses a different or traced k instead of ignoring it."""
+def _fixed_k(spec: SDMSpec, k):
+  """The k in force under a fixed-k schedule: spec.k, or a given k (an int or traced, <= spec.k).
+
+  spec.k is the threshold's static rank bound (`threshold_bound`); a smaller k, traced or not, selects
+  exactly the same way (the threshold is an element of the activations, so no rounding differs). A
+  population of models with different k (`sdm_jax.engine.train`) passes each model's k this way.
+  """
   if k is None:
-    return
-  if isinstance(k, jax.core.Tracer):
+    return spec.k
+  if not isinstance(k, jax.core.Tracer) and not 1 <= int(k) <= spec.k:
     raise ValueError(
-      f"k is fixed by spec.k={spec.k} under the {spec.k_schedule!r} schedule, but a traced k was given; "
-      "pass no k (or build a spec with the k you want)"
+      f"k={int(k)} given, but the {spec.k_schedule!r} schedule's bound is spec.k={spec.k}: need 1 <= k <= spec.k"
     )
-  if int(k) != spec.k:
-    raise ValueError(
-      f"k={int(k)} given, but the {spec.k_schedule!r} schedule uses spec.k={spec.k}; build a spec with that k instead"
-    )
+  return k
 
 
 def _check_input(params: dict, x: jax.Array) -> None:
   n_in = params["kernel"].shape[0]
-  features = math.prod(x.shape[1:]) if x.ndim > 1 else None
-  if features != n_in:
+  if x.ndim < 1 or x.shape[-1] != n_in:
     raise ValueError(
-      f"x must be [batch, ...] with {n_in} features per example (the kernel's in_features), got shape {x.shape}"
+      f"x must be [..., {n_in}]: the last axis holds the features (the kernel's in_features), got shape {x.shape}"
     )
 
 
-def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: jax.Array | None = None) -> jax.Array:
-  """a* of Eq. 4 / Eq. 12 (or the plain ReLU for "none"), [batch, neurons].
+def activations(
+  params: dict,
+  x: jax.Array,
+  *,
+  spec: SDMSpec,
+  k=None,
+  counts: jax.Array | None = None,
+  switch_activations=None,
+) -> jax.Array:
+  """a* of Eq. 4 / Eq. 12 (or the plain ReLU for "none"), [..., neurons], on the last axis of x.
 
   Args:
     params: `{'kernel': [in, neurons]}` (+ 'bias').
-    x: [batch, ...], flattened to [batch, in].
+    x: [..., in]; every leading axis is a batch axis (as `nnx.Linear`).
     spec: the layer.
-    k: the linear schedule's k (traced; `k_in_force`); for fixed-k schedules None or spec.k.
+    k: the linear schedule's k (traced; `k_in_force`); for fixed-k schedules None (spec.k) or a k
+      <= spec.k, which may be traced (a population's per-model k; spec.k is then the static bound).
     counts: the GABA counters C [neurons] (needed by "gaba").
+    switch_activations: T of Eq. 12 in place of spec.switch_activations (may be traced).
   """
   _check_input(params, x)
   x = topk.sdm_input(x, positive=spec.positive, normalize=spec.l2_norm)
@@ -239,18 +249,15 @@ def activations(params: dict, x: jax.Array, *, spec: SDMSpec, k=None, counts: ja
   a = jax.nn.relu(a)
   if not spec.uses_topk:
     return a
-  if spec.k_schedule == "linear":
-    k = k_in_force(spec, 0) if k is None else k
-  else:
-    _check_fixed_k(spec, k)
-    k = spec.k
+  k = (k_in_force(spec, 0) if k is None else k) if spec.k_schedule == "linear" else _fixed_k(spec, k)
   bound = threshold_bound(spec)
   method = spec.threshold_method
   if spec.k_schedule == "gaba":
     if counts is None:
       raise ValueError("the GABA switch needs gaba_counts (per-neuron firing counters)")
+    switch = spec.switch_activations if switch_activations is None else switch_activations
     threshold = topk.kth_largest(a, k + 1, method=method, k_bound=bound)
-    return topk.topk_subtract(a, threshold, topk.gaba_lambda(counts, spec.switch_activations))
+    return topk.topk_subtract(a, threshold, topk.gaba_lambda(counts, switch))
   if spec.inhibition == "subtract":
     return topk.topk_subtract(a, topk.kth_largest(a, k + 1, method=method, k_bound=bound))
   return topk.topk_mask(a, topk.kth_largest(a, k, method=method, k_bound=bound))
@@ -264,8 +271,8 @@ def firings(a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
   """
   fired = (a_star > 0).astype(jnp.float32)
   if valid is not None:
-    fired = fired * valid.astype(jnp.float32)[:, None]
-  return jax.lax.stop_gradient(fired.sum(0))
+    fired = fired * valid.astype(jnp.float32)[..., None]
+  return jax.lax.stop_gradient(fired.reshape(-1, fired.shape[-1]).sum(0))
 
 
 def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
@@ -282,11 +289,11 @@ def count_fired_at(counts: jax.Array, neurons: jax.Array, values: jax.Array) -> 
 def apply(
   params: dict, counts: jax.Array, x: jax.Array, *, spec: SDMSpec, epoch=None, train: bool = True
 ) -> tuple[jax.Array, jax.Array]:
-  """(a* [batch, neurons], the new counters): the layer's forward pass.
+  """(a* [..., neurons], the new counters): the layer's forward pass on the last axis of x.
 
-  In training (``train=True``) the GABA counters advance by `count_fired`; in evaluation they are
-  returned unchanged. `epoch` (global, may be traced) drives the linear k schedule (Eq. 4).
-  Under the data-parallel `jax.sharding` of a batch, the count is a sum over the whole batch.
+  In training (``train=True``) the GABA counters advance by `count_fired` (over every leading axis);
+  in evaluation they are returned unchanged. `epoch` (global, may be traced) drives the linear k
+  schedule (Eq. 4).
   """
   a_star = activations(
     params, x, spec=spec, k=k_in_force(spec, epoch) if spec.k_schedule == "linear" else None, counts=counts
@@ -294,9 +301,3 @@ def apply(
   if train and spec.k_schedule == "gaba":
     counts = count_fired(counts, a_star)
   return a_star, counts
-
-
-def dead_fraction(a_star: jax.Array) -> jax.Array:
-  """Fraction of neurons inactive (a* = 0) for every example of `a_star` [batch, neurons] (the
-  paper's "dead neurons" for a validation set, App. Optimized Top-K, Fig. TrainingConvSDM b)."""
-  return jnp.mean(jnp.all(a_star <= 0, axis=0))

@@ -328,7 +328,9 @@ def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
   """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
   if spec.hidden.k_schedule != "gaba":
     return jnp.ones(states.gaba_counts.shape[0])
-  return topk.gaba_lambda(states.gaba_counts, spec.hidden.switch_activations).mean(-1)
+  switch = (states.hyper or {}).get("switch_activations")  # a population's T per model [S]
+  switch = spec.hidden.switch_activations if switch is None else switch[:, None]
+  return topk.gaba_lambda(states.gaba_counts, switch).mean(-1)
 
 
 def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:

@@ -139,17 +139,20 @@ def current_k(spec: ModelSpec, epoch):
 
 
 def hidden_activations(
-  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts: jax.Array | None = None
+  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts: jax.Array | None = None, switch_activations=None
 ) -> jax.Array:
-  """a* of Eq. 4 / Eq. 12 (or plain ReLU), shape [batch, neurons]: `sdm_layer.activations`."""
-  return sdm_layer.activations(params["hidden"], x, spec=spec.hidden, k=k, counts=gaba_counts)
+  """a* of Eq. 4 / Eq. 12 (or plain ReLU), shape [batch, neurons]: `sdm_layer.activations` (k and T
+  may be a population member's traced values)."""
+  return sdm_layer.activations(
+    params["hidden"], x, spec=spec.hidden, k=k, counts=gaba_counts, switch_activations=switch_activations
+  )
 
 
 def forward(
-  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts=None, dropout_key=None
+  params: dict, x: jax.Array, *, spec: ModelSpec, k=None, gaba_counts=None, dropout_key=None, switch_activations=None
 ) -> tuple[jax.Array, jax.Array]:
   """Logits and hidden activations. Dropout is applied only when a key is given (training)."""
-  hidden = hidden_activations(params, x, spec=spec, k=k, gaba_counts=gaba_counts)
+  hidden = hidden_activations(params, x, spec=spec, k=k, gaba_counts=gaba_counts, switch_activations=switch_activations)
   if spec.dropout > 0 and dropout_key is not None:
     keep = jax.random.bernoulli(dropout_key, 1.0 - spec.dropout, hidden.shape)
     hidden_out = jnp.where(keep, hidden / (1.0 - spec.dropout), 0.0)

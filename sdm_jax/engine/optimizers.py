@@ -65,8 +65,21 @@ def make_optimizer(
   momentum: float = 0.9,
   weight_decay: float = 0.0,
   projection: Callable | None = None,
+  inject_learning_rate: bool = False,
 ) -> optax.GradientTransformation:
-  """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint."""
+  """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint.
+
+  `inject_learning_rate`: the learning rate lives in the optimiser state
+  (`optax.inject_hyperparams`), where `optax.tree_utils.tree_set(state, learning_rate=...)` can give
+  each model of a population its own value inside one compiled program.
+  """
+  if inject_learning_rate:
+
+    def chain(learning_rate):  # the only argument inject_hyperparams sees, so the only one it injects
+      options = dict(clip_norm=clip_norm, momentum=momentum, weight_decay=weight_decay, projection=projection)
+      return make_optimizer(name, learning_rate, **options)
+
+    return optax.inject_hyperparams(chain)(learning_rate=learning_rate)
   parts = []
   if clip_norm:
     parts.append(optax.clip_by_global_norm(clip_norm))
@@ -81,6 +94,6 @@ def for_model(
 ) -> optax.GradientTransformation:
   """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
   addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
-  momentum, weight_decay."""
+  momentum, weight_decay, inject_learning_rate."""
   projection = functools.partial(models.project_params, spec=spec) if spec.hidden.constrained else None
   return make_optimizer(name, learning_rate, projection=projection, **options)

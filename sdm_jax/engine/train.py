@@ -48,11 +48,12 @@ class TrainState:
     key: PRNG key (raw uint32[2]) for shuffling and dropout.
     reg: `regularizers.RegState` (anchors θ*, importances Ω, SI's path
       integral) when the run has a regulariser, else None.
-    hyper: this member's regulariser hyperparameters when the run is a
-      population (`regularizers.POPULATION_FIELDS`: {"strength": λ, ...}, float32
-      scalars, stacked like every other leaf), else None. They replace the static
-      `RegularizerSpec`'s values inside the step and at task boundaries
-      (`member_regularizer`), so a grid of values is one compiled program.
+    hyper: this member's values when the run is a population (`POPULATION_FIELDS`: the hidden
+      layer's "k" (int32) and "switch_activations" T, the regulariser's "strength", "beta",
+      "decay" (float32); stacked like every other leaf), else None. They replace the static specs'
+      values inside the step and at task boundaries (`member_layer`, `member_regularizer`), so a
+      grid of values is one compiled program. A member's learning rate lives in its optimiser state
+      (`optax.inject_hyperparams`; `init_states`).
   """
 
   params: Any
@@ -65,14 +66,32 @@ class TrainState:
   hyper: Any = None
 
 
+# The values a population may give each model (`TrainState.hyper`), beside the optimiser's learning
+# rate (which lives in the optimiser's state, `optax.inject_hyperparams`): the hidden layer's k and T,
+# and the regulariser's numbers.
+LAYER_FIELDS = ("k", "switch_activations")
+POPULATION_FIELDS = LAYER_FIELDS + regularizers.POPULATION_FIELDS
+
+
 def member_regularizer(
   regularizer: regularizers.RegularizerSpec | None, state: TrainState
 ) -> regularizers.RegularizerSpec | None:
   """The regulariser with this member's population values (`state.hyper`, traced) in place of the
   spec's static ones; the spec itself when the run is not a population."""
-  if regularizer is None or not state.hyper:
+  values = {name: v for name, v in (state.hyper or {}).items() if name in regularizers.POPULATION_FIELDS}
+  if regularizer is None or not values:
     return regularizer
-  return regularizer._replace(**state.hyper)
+  return regularizer._replace(**values)
+
+
+def member_layer(state: TrainState, spec: models.ModelSpec) -> dict:
+  """`models.forward`'s k and T for this model: its population values (`state.hyper`, traced; the
+  spec's k is then their static bound) where it has them, else the spec's k in force at its epoch."""
+  hyper = state.hyper or {}
+  return dict(
+    k=hyper["k"] if "k" in hyper else models.current_k(spec, state.epoch),
+    switch_activations=hyper.get("switch_activations"),
+  )
 
 
 class EpochMetrics(NamedTuple):
@@ -95,7 +114,8 @@ def init_state(
   num_tasks: int = 1,
 ) -> TrainState:
   """Initial state for one integer seed (vmap this over an array of seeds); `hyper`: its population
-  values ({field: scalar}, see `TrainState.hyper`) or None."""
+  values ({field: scalar}, see `TrainState.hyper`; "learning_rate" goes into the optimiser's
+  injected hyperparameters) or None."""
   key = jax.random.PRNGKey(seed)
   key, init_key = jax.random.split(key)
   params = models.init_params(init_key, spec)
@@ -103,15 +123,18 @@ def init_state(
   if regularizer is not None:
     slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
     reg = regularizers.init(params, num_slots=slots)
+  opt_state = tx.init(params)
+  if hyper and "learning_rate" in hyper:
+    opt_state = optax.tree_utils.tree_set(opt_state, learning_rate=hyper["learning_rate"])
   return TrainState(
     params=params,
-    opt_state=tx.init(params),
+    opt_state=opt_state,
     gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
     epoch=jnp.zeros((), jnp.int32),
     step=jnp.zeros((), jnp.int32),
     key=key,
     reg=reg,
-    hyper=None if not hyper else {name: jnp.asarray(value, jnp.float32) for name, value in hyper.items()},
+    hyper=None if not hyper else {name: value for name, value in hyper.items() if name != "learning_rate"} or None,
   )
 
 
@@ -127,16 +150,35 @@ def init_states(
   """States of several seeds stacked on a leading axis. `hyper`: a population's values, {field:
   [S] values}, one per state (`TrainState.hyper`); a seed may then appear several times."""
   if hyper:
-    if regularizer is None:
-      raise ValueError(f"a population of {sorted(hyper)} needs a regulariser")
-    unknown = set(hyper) - set(regularizers.POPULATION_FIELDS)
-    if unknown:
-      raise ValueError(f"population fields {sorted(unknown)}: only {regularizers.POPULATION_FIELDS} may vary")
-    hyper = {name: np.asarray(values, np.float32) for name, values in hyper.items()}  # (host arrays: no device op)
+    hyper = _checked_population(hyper, spec=spec, tx=tx, regularizer=regularizer)
     if any(values.shape != (len(seeds),) for values in hyper.values()):
       raise ValueError(f"each population field needs one value per seed ({len(seeds)})")
   init = functools.partial(init_state, spec=spec, tx=tx, regularizer=regularizer, num_tasks=num_tasks)
   return jax.jit(jax.vmap(init))(jnp.asarray(seeds), hyper or None)
+
+
+def _checked_population(hyper: dict, *, spec, tx, regularizer) -> dict:
+  """A population's values as host arrays (int32 k, float32 the rest), or ValueError naming what
+  cannot vary in this run."""
+  allowed = POPULATION_FIELDS + ("learning_rate",)
+  unknown = set(hyper) - set(allowed)
+  if unknown:
+    raise ValueError(f"population fields {sorted(unknown)}: only {allowed} may vary")
+  if set(hyper) & set(regularizers.POPULATION_FIELDS) and regularizer is None:
+    raise ValueError(f"a population of {sorted(hyper)} needs a regulariser")
+  if "k" in hyper:
+    if spec.hidden.k_schedule not in ("gaba", "flat"):
+      raise ValueError(f"a population of k needs a fixed-k schedule ('gaba' or 'flat'), not {spec.hidden.k_schedule!r}")
+    if not all(1 <= k <= spec.hidden.k for k in hyper["k"]):
+      raise ValueError(
+        f"population k {list(hyper['k'])}: each must be in [1, spec.hidden.k = {spec.hidden.k}] (the bound)"
+      )
+  if "switch_activations" in hyper and spec.hidden.k_schedule != "gaba":
+    raise ValueError("a population of switch_activations (T) needs the GABA switch (k_schedule 'gaba')")
+  if "learning_rate" in hyper and optax.tree_utils.tree_get(jax.eval_shape(tx.init, {}), "learning_rate") is None:
+    raise ValueError("a population of learning_rate needs an optimiser made with optax.inject_hyperparams")
+  # (host arrays: no device op)
+  return {name: np.asarray(values, np.int32 if name == "k" else np.float32) for name, values in hyper.items()}
 
 
 def to_float_input(x_uint8: jax.Array) -> jax.Array:
@@ -166,8 +208,9 @@ def loss_and_stats(
   global number of valid examples, plus the penalty over the number of
   slices), so that the `psum` of the slices' gradients is the global batch's.
   """
-  k = models.current_k(spec, state.epoch)
-  logits, hidden = models.forward(params, x, spec=spec, k=k, gaba_counts=state.gaba_counts, dropout_key=dropout_key)
+  logits, hidden = models.forward(
+    params, x, spec=spec, gaba_counts=state.gaba_counts, dropout_key=dropout_key, **member_layer(state, spec)
+  )
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   n_valid = valid.sum() if data_axis is None else jax.lax.psum(valid.sum(), data_axis)
   n_valid = jnp.maximum(n_valid, 1)
@@ -180,8 +223,10 @@ def loss_and_stats(
 
 def eval_logits_fn(state: TrainState, *, spec: models.ModelSpec):
   """`logits_fn(params, x)` of the model in evaluation mode (no dropout), for the regularisers."""
-  k = models.current_k(spec, state.epoch)
-  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, k=k, gaba_counts=state.gaba_counts)[0]
+  layer = member_layer(state, spec)
+  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, gaba_counts=state.gaba_counts, **layer)[
+    0
+  ]
 
 
 def train_step(
@@ -632,12 +677,12 @@ class EvalCounts(NamedTuple):
 
 def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, *, spec):
   """Counts on every task's (padded) test split, one task at a time (`lax.map`)."""
-  k = models.current_k(spec, state.epoch)
+  layer = member_layer(state, spec)
   num_classes = spec.num_classes
 
   def one_task(args):
     x, y, size, classes = args
-    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, k=k, gaba_counts=state.gaba_counts)
+    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, gaba_counts=state.gaba_counts, **layer)
     valid = jnp.arange(x.shape[0]) < size
     in_task = jnp.zeros((num_classes,), bool).at[classes].set(True)
     masked = jnp.where(in_task, logits, -jnp.inf)

@@ -169,6 +169,8 @@ ADDED_FIELD_DEFAULTS = {
   "data_source": "local",
   "model.gaba_switch_epochs": 0.0,
   "population": {"regularizer": {"beta": [], "decay": [], "strength": []}},
+  "population.optimizer": {"learning_rate": []},
+  "population.model": {"k": [], "gaba_switch_activations": []},
   "validation_fraction": 0.0,
   "matmul_precision": "default",
 }
