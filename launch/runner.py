@@ -361,16 +361,16 @@ def check_only(the_plan: Plan, only) -> None:
   """Refuses, in one line, `--only` names the plan does not have, or `--only` on a population program."""
   if not only:
     return
-  if the_plan.population is not None:
-    raise ValueError(
-      f"--only: this sweep runs as one population program ({the_plan.population[0]}), not run by run; "
-      "add --separate to run single combinations"
-    )
   unknown = [name for name in only if name not in the_plan.runs]
   if unknown:
     close = difflib.get_close_matches(unknown[0], list(the_plan.runs), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ValueError(f"--only: no run named {unknown[0]!r}{hint}; the sweep's runs: {', '.join(the_plan.runs)}")
+  if the_plan.population is not None:
+    raise ValueError(
+      f"--only: this sweep runs as one population program ({the_plan.population[0]}), not run by run; "
+      "add --separate to run single combinations"
+    )
 
 
 def run_sweep(
