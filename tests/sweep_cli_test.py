@@ -146,6 +146,16 @@ def test_axes_over_population_fields_run_as_one_population_program_else_one_run_
     runner.check_only(runner.plan(sweep), ["strength=100.0__beta=0.1"])
 
 
+def test_learning_rate_x_k_is_one_program_exactly_when_the_engine_lists_both():
+  plan = runner.plan(_sweep(QUICK, "optimizer.learning_rate=0.02,0.05", "model.k=5,10"))
+  both = {"optimizer.learning_rate", "model.k"} <= set(schema.POPULATION_FIELDS)
+  assert (plan.population is not None) == both, plan.how
+  if both:
+    name, config = plan.population
+    assert name == "population__learning_rate=0.02-0.05__k=5-10"
+    assert len(schema.members(config)[0]) == 4  # 2 x 2 values x 1 seed, one program
+
+
 def _fake_population_run(calls):
   """Writes what a finished population run writes, instantly: each member's final accuracy is its
   strength / 10000 + its seed / 100."""
