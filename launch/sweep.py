@@ -18,7 +18,8 @@ Or a named sweep from a file (launch/configs/split_mnist.py: `methods`, `smoke`,
     python -m launch.sweep ... --coordinator_address=localhost:1234 --num_processes=2 --process_id=0
 
 One program or one per combination: when every axis is a field that may vary within one compiled
-program (`experiments.schema.POPULATION_FIELDS`, e.g. regularizer.strength) and the config
+program (`experiments.schema.POPULATION_FIELDS`: the learning rate, k, GABA T, the regulariser's
+values) and the config
 validates as such a population, the whole grid runs as ONE population run (every combination x
 every seed stacked) in `WORKDIR/population__<axes>/`; otherwise (or with `--separate`) each
 combination is one run, all its seeds in one program, in `WORKDIR/<field>=<value>__.../`
