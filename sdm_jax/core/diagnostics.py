@@ -1,0 +1,172 @@
+"""Health of an SDM layer from one batch: cheap, jit-friendly statistics and a host-side collapse check.
+
+Synopsis::
+
+    from sdm_jax.core import diagnostics
+
+    stats = diagnostics.layer_stats(h, a_star, counts=net.sdm.counts[...], switch_activations=T)  # under jit
+    message = diagnostics.collapse_warning(stats, previous=last_stats)                          # on the host
+    if message:
+      logging.warning(message)
+
+`h` is what the layer was given (before its ReLU and L2 norm, paper Alg. 1), `a_star` what it returned
+(Eq. 4 / App. B.3's GABA switch, Eq. 12), `counts` the GABA counters C_i. Every statistic is a float32
+scalar, so a `LayerStats` can be stacked over seeds (vmap) or steps (scan) and logged as it is.
+
+What each statistic catches, from the layer's equations:
+
+- `zero_input_fraction`: an example whose input is all zero after the ReLU keeps a zero norm, so
+  a = X_a^T x = 0 and a* = 0 whatever λ: nothing reaches the readout and no gradient goes back
+  through the ReLU. At 1 the trunk below the layer has stopped firing and cannot recover.
+- `fired_fraction`, `active_per_example`: neurons with a*_i > 0. Before the switch (λ_i < 0) every
+  neuron fires for every example; after it about k per example. A fraction that stays small after
+  the switch means the same few neurons win for every example (the paper's dead neurons).
+- `mean_lambda`: the switch's progress, -1 (every neuron excited) to +1 (full Top-K).
+- `output_mean`, `output_max`: the scale of a* over its active entries. After the switch
+  a*_i = a_i - I is a gap between two cosine similarities; when the inputs share a large common
+  component those gaps are tiny, the logits X_v a* are tiny and the readout's gradient, which is
+  proportional to a*, nearly vanishes.
+- `input_cosine`: the mean pairwise cosine of the inputs after ReLU and L2 norm; near 1 means every
+  example points the same way, which is what makes the gaps above tiny.
+- `counts_total`: sum of C, for `collapse_warning` to see whether the counters moved between calls.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sdm_jax.core import topk
+
+
+class LayerStats(NamedTuple):
+  """One batch's statistics of an SDM layer (float32 scalars; NaN where counters were not given)."""
+
+  fired_fraction: jax.Array  # neurons with a*_i > 0 for at least one example of the batch
+  active_per_example: jax.Array  # mean number of neurons with a*_i > 0 per example
+  mean_lambda: jax.Array  # mean λ_i of Eq. 12 over neurons
+  output_mean: jax.Array  # mean a*_i over the active entries (0 when none is active)
+  output_max: jax.Array  # largest a*_i of the batch
+  zero_input_fraction: jax.Array  # examples whose input is all zero after the ReLU
+  input_cosine: jax.Array  # mean cosine over pairs of distinct examples with non-zero input
+  counts_total: jax.Array  # sum of the counters C_i
+
+
+def input_cosine(x: jax.Array, *, positive: bool = True) -> jax.Array:
+  """Mean cosine similarity over pairs of distinct examples of `x` [batch, ...] after the layer's
+  input processing (ReLU if `positive`, unit L2 norm); examples that are all zero are left out.
+
+  O(batch x features): with unit rows u_i, sum_{i != j} u_i.u_j = |sum_i u_i|^2 - (nonzero rows).
+  NaN when fewer than two examples are non-zero.
+  """
+  u = topk.sdm_input(x, positive=positive, normalize=True)
+  n = jnp.sum(jnp.any(u != 0, axis=-1)).astype(jnp.float32)
+  total = jnp.sum(jnp.square(jnp.sum(u, axis=0)))
+  return jnp.where(n > 1, (total - n) / jnp.maximum(n * (n - 1), 1.0), jnp.nan)
+
+
+def layer_stats(
+  x: jax.Array,
+  a_star: jax.Array,
+  counts: jax.Array | None = None,
+  switch_activations: float | jax.Array | None = None,
+  *,
+  positive: bool = True,
+) -> LayerStats:
+  """The statistics of `LayerStats` for one batch.
+
+  Args:
+    x: the layer's input [batch, ...], before its ReLU and L2 norm (flattened here).
+    a_star: the layer's output a* [batch, neurons].
+    counts: the GABA counters C [neurons] (Eq. 12), or None.
+    switch_activations: T of Eq. 12, needed for `mean_lambda` (NaN without it or without counts).
+    positive: whether the layer ReLUs its input (`SDMSpec.positive`), for the zero-input test.
+  """
+  x = x.reshape(x.shape[0], -1)
+  active = a_star > 0
+  n_active = jnp.sum(active)
+  nan = jnp.float32(jnp.nan)
+  if counts is None:
+    mean_lambda = counts_total = nan
+  else:
+    counts_total = jnp.sum(counts).astype(jnp.float32)
+    mean_lambda = nan if switch_activations is None else jnp.mean(topk.gaba_lambda(counts, switch_activations))
+  x_in = jax.nn.relu(x) if positive else x
+  return LayerStats(
+    fired_fraction=jnp.mean(jnp.any(active, axis=0)).astype(jnp.float32),
+    active_per_example=jnp.mean(jnp.sum(active, axis=-1)).astype(jnp.float32),
+    mean_lambda=jnp.asarray(mean_lambda, jnp.float32),
+    output_mean=(jnp.sum(jnp.where(active, a_star, 0.0)) / jnp.maximum(n_active, 1)).astype(jnp.float32),
+    output_max=jnp.max(a_star).astype(jnp.float32),
+    zero_input_fraction=jnp.mean(jnp.all(x_in == 0, axis=-1)).astype(jnp.float32),
+    input_cosine=input_cosine(x, positive=positive).astype(jnp.float32),
+    counts_total=jnp.asarray(counts_total, jnp.float32),
+  )
+
+
+def collapse_warning(
+  stats: LayerStats, previous: LayerStats | None = None, *, min_output_mean: float | None = None
+) -> str | None:
+  """The symptom, in words, if `stats` (one layer, one batch; host side) shows a collapsed layer, else None.
+
+  Checked in this order, the first that holds is named:
+  1. every input zero after the ReLU (the trunk stopped firing);
+  2. every output zero (a* = 0 for every example: the readout gets no signal, no gradient flows);
+  3. the counters frozen: `previous` (stats from an earlier training step) has the same sum of C, so
+     no neuron fired for any example in training between the two calls;
+  4. with `min_output_mean`, an output scale below it (mean active a*), the tiny-gap symptom.
+
+  Stats stacked over seeds or steps are checked element by element; the message names how many.
+  """
+  zero_in = _host(stats.zero_input_fraction)
+  out_max = _host(stats.output_max)
+  checks = [
+    (
+      [z >= 1.0 for z in zero_in],
+      "every input to the SDM layer is zero after its ReLU: the trunk below it stopped firing "
+      "(a = X_a^T x = 0, so a* = 0 and no gradient reaches the trunk; it cannot recover)",
+    ),
+    (
+      [m <= 0.0 for m in out_max],
+      "every SDM output is zero (a* = 0 for every example): the readout sees nothing and nothing learns",
+    ),
+  ]
+  if previous is not None:
+    now, before = _host(stats.counts_total), _host(previous.counts_total)
+    frozen = [a == b for a, b in zip(now, before)]
+    checks.append(
+      (
+        frozen,
+        f"the GABA counters are frozen (sum of C unchanged at {_first(now, frozen):g}): no neuron fired "
+        "for any training example between the two calls",
+      )
+    )
+  if min_output_mean is not None:
+    scale = _host(stats.output_mean)
+    small = [0.0 < s < min_output_mean for s in scale]
+    checks.append(
+      (
+        small,
+        f"the SDM outputs are tiny (mean active a* = {_first(scale, small):.2g} < {min_output_mean:g}): after "
+        "the switch a*_i = a_i - I is a gap between nearly equal cosines, so logits and the readout's "
+        "gradient are tiny; see input_cosine",
+      )
+    )
+  for hits, message in checks:
+    if any(hits):
+      return message if len(hits) == 1 else f"{sum(hits)} of {len(hits)}: {message}"
+  return None
+
+
+def _host(value) -> list[float]:
+  """A statistic as a flat list of Python floats (one per stacked element; NaN stays NaN)."""
+  array = jax.device_get(value)
+  flat = jnp.ravel(jnp.asarray(array)).tolist()
+  return [float(v) for v in flat]
+
+
+def _first(values: list[float], mask: list[bool]) -> float:
+  return next((v for v, m in zip(values, mask) if m), math.nan)

@@ -1,0 +1,136 @@
+"""Tests of sdm_jax.core.centering: the running mean against numpy (exact average, moving average,
+freezing), the module's training and evaluation modes, that its statistics are not parameters and
+that no gradient flows through the mean; normalize_output's norm and ratios; and the geometry it is
+for: inputs with a common component point the same way after ReLU + L2 norm, centred ones do not,
+and the SDM layer then recruits more neurons."""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sdm_jax
+from sdm_jax.core import centering, diagnostics
+
+
+def _batches(seed=0, steps=6, batch=8, features=5):
+  return np.random.default_rng(seed).normal(size=(steps, batch, features)).astype(np.float32) + 3.0
+
+
+def _run_updates(batches, **kwargs):
+  mean, steps = jnp.zeros(batches.shape[-1]), jnp.zeros(())
+  for b in batches:
+    mean, steps = centering.running_mean_update(mean, steps, b.mean(0), **kwargs)
+  return np.asarray(mean), float(steps)
+
+
+def test_exact_average_of_batch_means():
+  batches = _batches()
+  mean, steps = _run_updates(batches)
+  np.testing.assert_allclose(mean, batches.mean(axis=(0, 1)), rtol=1e-6)
+  assert steps == 6
+
+
+def test_moving_average_after_warm_up():
+  batches = _batches(steps=10)
+  mean, _ = _run_updates(batches, momentum=0.75)
+  expected = np.zeros(5)
+  for t, b in enumerate(batches):  # weight max(1 / (t + 1), 1 - m): exact for 4 steps, then EMA 0.75
+    w = max(1.0 / (t + 1), 0.25)
+    expected = expected + w * (b.mean(0) - expected)
+  np.testing.assert_allclose(mean, expected, rtol=1e-6)
+
+
+def test_freeze_after_keeps_the_mean_of_the_first_batches():
+  batches = _batches(steps=7)
+  mean, steps = _run_updates(batches, freeze_after=3)
+  np.testing.assert_allclose(mean, batches[:3].mean(axis=(0, 1)), rtol=1e-6)
+  assert steps == 3
+
+
+def test_module_train_and_eval_modes():
+  batches = _batches()
+  layer = centering.Center(5)
+  out = layer(batches[0])
+  np.testing.assert_allclose(out, batches[0] - batches[0].mean(0), atol=1e-6)  # trains on this batch first
+  layer(batches[1])
+  np.testing.assert_allclose(layer.mean[...], batches[:2].mean(axis=(0, 1)), rtol=1e-6)
+  layer.eval()
+  before = np.asarray(layer.mean[...])
+  np.testing.assert_allclose(layer(batches[2]), batches[2] - before, atol=1e-6)
+  np.testing.assert_array_equal(layer.mean[...], before)  # evaluation does not update
+  layer.train()
+  layer.freeze()
+  layer(batches[3])
+  np.testing.assert_array_equal(layer.mean[...], before)  # frozen in training too
+  layer.set_mean(np.arange(5.0))
+  np.testing.assert_allclose(layer(np.zeros((2, 5), np.float32)), -np.tile(np.arange(5.0), (2, 1)))
+
+
+def test_inputs_are_flattened_and_checked():
+  layer = centering.Center(6)
+  assert layer(np.ones((4, 2, 3), np.float32)).shape == (4, 6)
+  with pytest.raises(ValueError, match="6 features"):
+    layer(np.ones((4, 5), np.float32))
+  with pytest.raises(ValueError, match="momentum"):
+    centering.Center(6, momentum=1.0)
+  with pytest.raises(ValueError, match="features"):
+    centering.Center(0)
+  with pytest.raises(ValueError, match=r"shape \(6,\)"):
+    layer.set_mean(np.zeros(5))
+
+
+def test_statistics_are_not_parameters_and_no_gradient_flows_through_the_mean():
+  class Head(nnx.Module):
+    def __init__(self, rngs):
+      self.center = centering.Center(4, momentum=0.9)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(self.center(x))
+
+  head = Head(nnx.Rngs(0))
+  assert not nnx.state(head.center, nnx.Param)  # the optimiser never sees the running mean
+  opt = nnx.Optimizer(head, optax.sgd(0.1), wrt=nnx.Param)
+  x = jnp.asarray(_batches(features=4)[0])
+  grads = nnx.grad(lambda m: m(x).sum())(head)
+  opt.update(head, grads)
+  assert float(head.center.steps[...]) == 1.0  # the forward pass in the gradient updated the mean
+  # d/dx of sum(W (x - mean)) is W for every example: the mean (a function of x) is a constant.
+  dx = jax.grad(lambda x: centering.Center(4)(x).sum())(x)
+  np.testing.assert_array_equal(dx, np.ones_like(x))
+
+
+def test_normalize_output_fixes_the_norm_and_keeps_ratios():
+  a = np.array([[0.004, 0.002, 0.0, 0.001], [0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 4.0, 0.0]], np.float32)
+  out = np.asarray(centering.normalize_output(a, scale=10.0))
+  np.testing.assert_allclose(np.linalg.norm(out, axis=1), [10.0, 0.0, 10.0], rtol=1e-6)
+  np.testing.assert_allclose(out[0] / out[0, 0], a[0] / a[0, 0], rtol=1e-6)  # same neurons, same ratios
+  np.testing.assert_allclose(out[2], [6.0, 0.0, 8.0, 0.0], rtol=1e-6)
+  np.testing.assert_array_equal(out[1], 0.0)
+
+
+def test_centering_spreads_a_common_component_and_recruits_more_neurons():
+  """The geometry of the module docstring, on synthetic 'trunk features': a large common
+  component plus a small class-specific part. After ReLU + L2 norm every input points the same
+  way (mean pairwise cosine ~1) and the same few neurons win for every class; after subtracting
+  the mean of the data seen so far the cosine drops and many more neurons fire after the switch."""
+  rng = np.random.default_rng(0)
+  classes = rng.uniform(size=(10, 200)) * (rng.uniform(size=(10, 200)) < 0.1)
+  labels = rng.integers(0, 10, 512)
+  x = (5.0 + rng.uniform(size=200) + classes[labels] + 0.05 * rng.normal(size=(512, 200))).astype(np.float32)
+  sdm = sdm_jax.SDM(200, 300, k=5, switch_activations=1.0, rngs=nnx.Rngs(0))
+  sdm.counts[...] = jnp.full((300,), 10.0)  # after the switch: λ = 1, plain Top-K with subtraction
+  sdm.eval()
+  raw_cos = float(diagnostics.input_cosine(x))
+  centred = x - x[:256].mean(0)  # a mean from the first half only: no future data
+  centred_cos = float(diagnostics.input_cosine(centred[256:]))
+  raw = diagnostics.layer_stats(x[256:], sdm(x[256:]))
+  cent = diagnostics.layer_stats(centred[256:], sdm(centred[256:]))
+  assert raw_cos > 0.99 and centred_cos < 0.3
+  assert float(cent.fired_fraction) > 3 * float(raw.fired_fraction)
+  assert float(cent.output_mean) > 2 * float(raw.output_mean)  # larger gaps a_i - I after the switch

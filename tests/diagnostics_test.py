@@ -1,0 +1,185 @@
+"""Tests of sdm_jax.core.diagnostics: every statistic against an independent numpy computation, under
+jit and vmap; collapse_warning flags a trunk killed on purpose (and frozen counters, all-zero
+outputs, tiny outputs) and stays silent for a healthy SDM layer training on MNIST."""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sdm_jax
+from sdm_jax.core import diagnostics, topk
+from sdm_jax.data import idx
+
+
+def _numpy_stats(x, a_star, counts, T):
+  """The statistics written out in numpy, loop by loop where that is clearer."""
+  x = np.maximum(x.reshape(len(x), -1), 0.0)
+  active = a_star > 0
+  norms = np.linalg.norm(x, axis=1)
+  units = [row / n for row, n in zip(x, norms) if n > 0]
+  pairs = [units[i] @ units[j] for i in range(len(units)) for j in range(len(units)) if i != j]
+  lam = np.clip(-1.0 + 2.0 * counts / T, -1.0, 1.0)
+  return dict(
+    fired_fraction=np.mean(active.any(axis=0)),
+    active_per_example=np.mean(active.sum(axis=1)),
+    mean_lambda=lam.mean(),
+    output_mean=a_star[active].mean(),
+    output_max=a_star.max(),
+    zero_input_fraction=np.mean(norms == 0),
+    input_cosine=np.mean(pairs),
+    counts_total=counts.sum(),
+  )
+
+
+def _example(seed=0, batch=12, features=30, neurons=20):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(batch, 5, features // 5)).astype(np.float32)
+  x[3] = -np.abs(x[3])  # all zero after the ReLU
+  x[7] = 0.0
+  a_star = np.maximum(rng.normal(size=(batch, neurons)) - 1.0, 0.0).astype(np.float32)
+  a_star[:, 4] = 0.0  # a neuron that never fires
+  counts = rng.integers(0, 100, neurons).astype(np.float32)
+  return x, a_star, counts
+
+
+def test_layer_stats_match_numpy():
+  x, a_star, counts = _example()
+  stats = jax.jit(diagnostics.layer_stats, static_argnums=3)(x, a_star, counts, 80.0)
+  expected = _numpy_stats(x, a_star, counts, 80.0)
+  for name, value in expected.items():
+    np.testing.assert_allclose(float(getattr(stats, name)), value, rtol=2e-5, atol=1e-6, err_msg=name)
+  assert float(stats.zero_input_fraction) == pytest.approx(2 / 12)
+  assert float(stats.fired_fraction) < 1.0  # neuron 4 never fired
+
+
+def test_without_counters_lambda_and_counts_are_nan():
+  x, a_star, _ = _example()
+  stats = diagnostics.layer_stats(x, a_star)
+  assert np.isnan(stats.mean_lambda) and np.isnan(stats.counts_total)
+  assert np.isnan(diagnostics.layer_stats(x, a_star, jnp.ones(20)).mean_lambda)  # counters but no T
+
+
+def test_input_cosine_matches_pairwise_and_needs_two_examples():
+  rng = np.random.default_rng(1)
+  common = rng.uniform(size=50)
+  x = (common + 0.05 * rng.normal(size=(40, 50))).astype(np.float32)  # a shared component: a narrow cone
+  u = np.maximum(x, 0) / np.linalg.norm(np.maximum(x, 0), axis=1, keepdims=True)
+  gram = u @ u.T
+  expected = (gram.sum() - np.trace(gram)) / (40 * 39)
+  assert float(diagnostics.input_cosine(x)) == pytest.approx(expected, rel=1e-5)
+  assert expected > 0.95
+  assert np.isnan(diagnostics.input_cosine(np.zeros((3, 5), np.float32)))
+  assert np.isnan(diagnostics.input_cosine(np.eye(1, 5, dtype=np.float32)))
+
+
+def test_stats_vmap_over_seeds_equal_separate_calls():
+  xs, outs, counts = zip(*(_example(seed) for seed in range(3)))
+  stacked = jax.vmap(lambda x, a, c: diagnostics.layer_stats(x, a, c, 50.0))(
+    np.stack(xs), np.stack(outs), np.stack(counts)
+  )
+  for i in range(3):
+    single = diagnostics.layer_stats(xs[i], outs[i], counts[i], 50.0)
+    for name in diagnostics.LayerStats._fields:
+      np.testing.assert_allclose(getattr(stacked, name)[i], getattr(single, name), rtol=1e-6, err_msg=name)
+
+
+def test_collapse_warning_names_each_symptom():
+  x, a_star, counts = _example()
+  healthy = diagnostics.layer_stats(x, a_star, counts, 80.0)
+  assert diagnostics.collapse_warning(healthy) is None
+  dead_trunk = diagnostics.layer_stats(np.zeros_like(x), np.zeros_like(a_star), counts, 80.0)
+  assert "trunk below it stopped firing" in diagnostics.collapse_warning(dead_trunk)
+  silent = diagnostics.layer_stats(x, np.zeros_like(a_star), counts, 80.0)
+  assert "every SDM output is zero" in diagnostics.collapse_warning(silent)
+  later = diagnostics.layer_stats(x, a_star, counts, 80.0)  # same counters at a later step
+  assert "counters are frozen" in diagnostics.collapse_warning(later, previous=healthy)
+  moved = diagnostics.layer_stats(x, a_star, counts + 1.0, 80.0)
+  assert diagnostics.collapse_warning(moved, previous=healthy) is None
+  tiny = diagnostics.layer_stats(x, a_star * 1e-3, counts, 80.0)
+  assert diagnostics.collapse_warning(tiny) is None  # only when asked for
+  assert "outputs are tiny" in diagnostics.collapse_warning(tiny, min_output_mean=0.01)
+
+
+def test_collapse_warning_on_stacked_stats_counts_the_collapsed():
+  xs, outs, counts = (np.stack(a) for a in zip(*(_example(seed) for seed in range(3))))
+  xs[1] = 0.0
+  stacked = jax.vmap(diagnostics.layer_stats)(xs, outs, counts)
+  assert diagnostics.collapse_warning(stacked).startswith("1 of 3: every input to the SDM layer is zero")
+
+
+class _Net(nnx.Module):
+  """A conv trunk, an SDM layer and a readout, as the issue's user wrote it (smaller)."""
+
+  def __init__(self, rngs):
+    self.conv = nnx.Conv(1, 4, (3, 3), strides=(2, 2), rngs=rngs)
+    self.sdm = sdm_jax.SDM(4 * 14 * 14, 100, k=5, switch_activations=640.0, rngs=rngs)
+    self.out = nnx.Linear(100, 10, use_bias=False, rngs=rngs)
+
+  def trunk(self, x):
+    h = nnx.relu(self.conv(x))
+    return h.reshape(h.shape[0], -1)
+
+  def __call__(self, x):
+    h = self.trunk(x)
+    a_star = self.sdm(h)
+    return self.out(a_star), diagnostics.layer_stats(h, a_star, self.sdm.counts[...], self.sdm.spec.switch_activations)
+
+
+@nnx.jit
+def _step(net, opt, x, y):
+  def loss_fn(net):
+    logits, stats = net(x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), stats
+
+  (_, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(net)
+  opt.update(net, grads)
+  return stats
+
+
+def _mnist(n=128):
+  ds = idx.load_idx_dataset("mnist")
+  return ds["train_images"][:n, :, :, None].astype(np.float32) / 255.0, ds["train_labels"][:n].astype(np.int32)
+
+
+def _train(net, lr, steps=8):
+  opt = nnx.Optimizer(
+    net, optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(lr), sdm_jax.nnx_projection(net)), wrt=nnx.Param
+  )
+  x, y = _mnist()
+  return [_step(net, opt, x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]) for i in range(steps)]
+
+
+def test_a_healthy_run_is_not_flagged():
+  history = _train(_Net(nnx.Rngs(0)), lr=0.1)
+  for before, after in zip(history, history[1:]):
+    assert diagnostics.collapse_warning(after, previous=before) is None
+  # Before the switch (C_i <= 128 < T / 2, so every λ_i < 0) every neuron fires for every example.
+  assert [float(s.counts_total) for s in history] == [16 * 100 * (i + 1) for i in range(8)]
+  assert float(history[-1].active_per_example) == 100.0 and float(history[-1].fired_fraction) == 1.0
+  assert float(history[-1].zero_input_fraction) == 0.0 and float(history[-1].mean_lambda) < 0.0
+
+
+def test_a_killed_trunk_is_flagged():
+  net = _Net(nnx.Rngs(0))
+  net.conv.bias[...] = jnp.full_like(net.conv.bias[...], -100.0)  # every pre-activation < 0: the trunk is dead
+  history = _train(net, lr=0.1, steps=3)
+  message = diagnostics.collapse_warning(history[-1], previous=history[-2])
+  assert "trunk below it stopped firing" in message
+  assert float(history[-1].zero_input_fraction) == 1.0 and float(history[-1].output_max) == 0.0
+  # The counters did not move either: nothing fired.
+  assert float(history[-1].counts_total) == float(history[0].counts_total) == 0.0
+
+
+def test_input_cosine_is_the_layers_own_geometry():
+  """input_cosine is computed on what the layer itself sees (ReLU, then topk.l2_normalize)."""
+  x, _, _ = _example()
+  u = np.asarray(topk.sdm_input(jnp.asarray(x)))
+  rows = u[np.linalg.norm(u, axis=1) > 0]
+  n = len(rows)
+  expected = ((rows.sum(0) ** 2).sum() - n) / (n * (n - 1))
+  assert float(diagnostics.input_cosine(x)) == pytest.approx(expected, rel=1e-5)
