@@ -66,6 +66,7 @@ import optax
 
 from sdm_jax.core import paths
 
+#: A function from the updates to the mask of units that fired (`lazy_layers` takes one).
 ActivityFn = Callable[[optax.Updates], Any]
 
 
@@ -255,6 +256,7 @@ def lazy_adam(
 # Lazy on the marked SDM layers of any model.
 # --------------------------------------------------------------------------- #
 
+#: The labels `lazy_layers` hands to `optax.partition`: the marked layers and the rest.
 LAZY, DENSE = "lazy", "dense"
 
 

@@ -41,7 +41,9 @@ import jax.numpy as jnp
 
 from sdm_jax.core import topk
 
+#: The k schedules `SDMSpec.k_schedule` accepts (GABA switch, Eq. 4's linear anneal, fixed k, no Top-K).
 K_SCHEDULES = ("gaba", "linear", "flat", "none")
+#: What `SDMSpec.inhibition` accepts: subtract the (k+1)-th largest activation (Eq. 4) or mask.
 INHIBITIONS = ("subtract", "mask")
 
 

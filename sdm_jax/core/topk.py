@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+#: How the k-th largest value is found (`kth_largest`); all give the same value.
 ThresholdMethod = Literal["auto", "bisect", "chunked", "peel", "top_k", "sort"]
+#: The values of `ThresholdMethod`, as a tuple.
 THRESHOLD_METHODS = ("auto", "bisect", "chunked", "peel", "top_k", "sort")
 
 # Largest k for which "auto" picks k-pass peeling over bisection. Measured on

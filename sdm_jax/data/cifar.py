@@ -50,12 +50,14 @@ import numpy as np
 
 from sdm_jax.data import idx
 
+#: A path: a string or an `os.PathLike`.
 PathLike = idx.PathLike
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 """CIFAR-10 class names in class-id order (batches.meta.txt, TFDS)."""
 
 JPEG_TAR = 'CIFAR-10-images-jpeg.tar.gz'
+"""File name of the LOSSY JPEG CIFAR-10 stand-in's archive."""
 JPEG_SHA256 = '99922bb47711b6bca07ca0cde0c98064ba836163828bf6d619c827344e00ca04'
 """sha256 of CIFAR-10-images-jpeg.tar.gz, the LOSSY JPEG stand-in."""
 
@@ -66,6 +68,7 @@ CACHE_ENV_VAR = 'SDM_JAX_CACHE_DIR'
 """Environment variable naming the folder for decoded-dataset caches."""
 
 LOSSY_SOURCE = 'LOSSY JPEG stand-in for CIFAR-10 (quality 75; labels exact, pixels not)'
+"""The `source` every output made from the JPEG stand-in records."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,7 @@ class TfdsDataset:
   label_offset: int = 0
 
 
+#: The datasets read through `tfds.data_source`, by name: TFDS name, test split, classes.
 TFDS_DATASETS = {
   'cifar10': TfdsDataset('cifar10', 'test', 10),
   'cifar100': TfdsDataset('cifar100', 'test', 100),

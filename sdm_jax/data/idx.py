@@ -34,6 +34,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+#: A path: a string or an `os.PathLike`.
 PathLike = Union[str, os.PathLike]
 
 ENV_VAR = 'SDM_JAX_DATA_DIR'
@@ -390,7 +391,7 @@ def _stack_examples(source: Any, split: str, chunk: int = 8192) -> tuple[np.ndar
   return images, labels
 
 
-# How long a TFDS download may take to find its server (offline, TFDS itself retries for minutes).
+#: How long a TFDS download may take to find its server (offline, TFDS itself retries for minutes).
 SERVER_TIMEOUT_S = 15.0
 
 

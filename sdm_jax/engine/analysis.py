@@ -58,13 +58,13 @@ from sdm_jax.engine import metrics
 from sdm_jax.runs import metric_writers
 
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
-COUNT_THRESHOLD = 0.0  # counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
-ENTROPY_THRESHOLD = 1e-3  # neuron entropy: activation > 0.001 (the notebook's entropy cell)
-DEAD_ACTIVITY_THRESHOLD = metrics.DEAD_ACTIVITY_THRESHOLD  # dead: summed activation < 1e-4
-ZERO_PROBABILITY = 1e-15  # put in place of p = 0 before p ln p (the notebook's entropy cell)
-UMAP_MIN_ACTIVATIONS = 10  # neurons with <= 10 activations are left out of the UMAP plots (the notebook)
+COUNT_THRESHOLD = 0.0  #: counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
+ENTROPY_THRESHOLD = 1e-3  #: neuron entropy: activation > 0.001 (the notebook's entropy cell)
+DEAD_ACTIVITY_THRESHOLD = metrics.DEAD_ACTIVITY_THRESHOLD  #: dead: summed activation < 1e-4
+ZERO_PROBABILITY = 1e-15  #: put in place of p = 0 before p ln p (the notebook's entropy cell)
+UMAP_MIN_ACTIVATIONS = 10  #: neurons with <= 10 activations are left out of the UMAP plots (the notebook)
 
-# Paper Table 10 (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM): weighted mean entropy.
+#: Paper Table 10 (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM): weighted mean entropy.
 PAPER_WEIGHTED_ENTROPY_CIFAR10 = {
   "sdmlp": 0.99,
   "sdmlp_linear_mask": 1.36,
@@ -449,6 +449,7 @@ def neuron_statistics(
 
 
 def l2_normalize_rows(x, eps: float = 1e-12) -> np.ndarray:
+  """Each row of `x` divided by its L2 norm (at least `eps`), in float64."""
   x = np.asarray(x, dtype=np.float64)
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), eps)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+#: Per-channel mean of CIFAR-10's training images (with `CIFAR10_STD`, the reference's normalisation).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 """The normalisation the reference applies (also to ImageNet32)."""
@@ -48,6 +49,7 @@ OPS = (
 )
 """torchvision RandAugment's op list, in its order."""
 
+#: The RandAugment ops whose magnitude takes a random sign.
 SIGNED = frozenset(
   {'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness', 'color', 'contrast', 'sharpness'}
 )

@@ -40,7 +40,7 @@ from sdm_jax.engine import metrics, models, optimizers, regularizers, sparse, tr
 from sdm_jax.runs import metric_writers
 from sdm_jax.runs import workdir as workdir_lib
 
-# The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
+#: The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
 CURVE_FIELDS = (
   "seed",
   "task",
@@ -53,13 +53,14 @@ CURVE_FIELDS = (
   "active_per_example",
   "gaba_lambda_mean",
 )
+#: The array fields of `Tasks`, each with a leading task axis (or seed axis, then task).
 TASK_ARRAYS = ("train_x", "train_y", "train_sizes", "test_x", "test_y", "test_sizes", "task_classes")
-# A task whose switch has not got this far (mean lambda of the GABA switch over neurons, paper
-# App. B.3; -1 none switched, 1 all) is reported: the authors' Split MNIST schedule ends task 1 at
-# 0.72-0.76 (experiments/results/split_mnist_full).
+#: A task whose switch has not got this far (mean lambda of the GABA switch over neurons, paper
+#: App. B.3; -1 none switched, 1 all) is reported: the authors' Split MNIST schedule ends task 1 at
+#: 0.72-0.76 (experiments/results/split_mnist_full).
 GABA_INCOMPLETE_LAMBDA = 0.5
-# T as a fraction of the schedule when `fit` is not told: the authors' T = 5M is 395 of their
-# 500 epochs on Split MNIST's first task (12,665 examples).
+#: T as a fraction of the schedule when `fit` is not told: the authors' T = 5M is 395 of their
+#: 500 epochs on Split MNIST's first task (12,665 examples).
 GABA_SWITCH_FRACTION = 395 / 500
 
 
@@ -527,6 +528,7 @@ def population_summary(per_seed: Sequence[dict], fields: Sequence[str]) -> list[
   ]
 
 
+#: The model names `fit` takes besides a `models.ModelSpec`.
 FIT_MODELS = ("sdmlp", "relu", "topk")
 
 

@@ -46,6 +46,7 @@ from sdm_jax.core import topk, projection, sdm_layer
 from sdm_jax.engine import augment
 
 DATA_AXIS = 'data'
+"""The name of the data-parallel mesh axis the ConvMixer trains over."""
 
 
 class DepthwiseConv(nn.Module):
@@ -190,6 +191,7 @@ def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
 
 
 def replicate(tree, mesh):
+  """`tree` placed on every device of `mesh` (replicated)."""
   return jax.device_put(tree, NamedSharding(mesh, P()))
 
 

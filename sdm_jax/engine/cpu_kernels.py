@@ -66,6 +66,7 @@ _TARGETS = {
   "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
   "sdm_jax_active_units": "SdmActiveUnits",
 }
+#: The `g++` flags the FFI kernels are compiled with.
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
 _BUILD_TIMEOUT_S = 300
 
@@ -74,6 +75,7 @@ _state: dict = {}  # "ok": bool, "error": str | None, "path": str | None (filled
 
 
 def cache_dir() -> pathlib.Path:
+  """Where the compiled kernels are kept: `$SDM_JAX_CACHE_DIR`, else `~/.cache/sdm_jax`."""
   if os.environ.get("SDM_JAX_CACHE_DIR"):
     return pathlib.Path(os.environ["SDM_JAX_CACHE_DIR"])
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# A neuron is dead on a set of inputs when its summed activation over them is below this
-# (docs/reference_code.md#dead-neurons); shared by training metrics and the analyses.
+#: A neuron is dead on a set of inputs when its summed activation over them is below this
+#: (docs/reference_code.md#dead-neurons); shared by training metrics and the analyses.
 DEAD_ACTIVITY_THRESHOLD = 1e-4
 
 
@@ -33,16 +33,20 @@ def sem(values) -> float:
 
 
 def final_accuracy(acc: np.ndarray, test_sizes=None) -> float:
+  """Accuracy after the last task over every task's test set (`acc[after][on]`), weighted by
+  `test_sizes` when given: the accuracy on the whole test set, the paper's metric."""
   last = np.asarray(acc, dtype=float)[-1]
   weights = np.ones_like(last) if test_sizes is None else np.asarray(test_sizes, dtype=float)
   return float(np.sum(last * weights) / np.sum(weights))
 
 
 def average_accuracy(acc: np.ndarray) -> float:
+  """The mean over tasks of the accuracy after the last task (unweighted)."""
   return float(np.mean(np.asarray(acc, dtype=float)[-1]))
 
 
 def forgetting(acc: np.ndarray) -> float:
+  """Mean over all tasks but the last of the drop from each task's best accuracy to its final one."""
   acc = np.asarray(acc, dtype=float)
   num_tasks = acc.shape[0]
   if num_tasks < 2:
@@ -52,6 +56,7 @@ def forgetting(acc: np.ndarray) -> float:
 
 
 def backward_transfer(acc: np.ndarray) -> float:
+  """Mean over all tasks but the last of the final accuracy minus the accuracy just after learning it."""
   acc = np.asarray(acc, dtype=float)
   num_tasks = acc.shape[0]
   if num_tasks < 2:

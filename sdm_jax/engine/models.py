@@ -23,8 +23,8 @@ import jax.numpy as jnp
 
 from sdm_jax.core import sdm_layer
 
-K_SCHEDULES = sdm_layer.K_SCHEDULES
-INHIBITIONS = sdm_layer.INHIBITIONS
+K_SCHEDULES = sdm_layer.K_SCHEDULES  #: The hidden layer's k schedules (`sdm_layer.K_SCHEDULES`).
+INHIBITIONS = sdm_layer.INHIBITIONS  #: Its inhibitions (`sdm_layer.INHIBITIONS`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +130,7 @@ def project_params(params: dict, spec: ModelSpec) -> dict:
 
 
 def param_count(params) -> int:
+  """The number of scalars in a parameter tree."""
   return sum(int(p.size) for p in jax.tree.leaves(params))
 
 

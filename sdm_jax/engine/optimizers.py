@@ -23,6 +23,7 @@ import optax
 from sdm_jax.core import lazy, projection as projection_lib
 from sdm_jax.engine import models
 
+#: The optimiser names `for_model` and the configs take.
 OPTIMIZERS = ("sgd", "sgdm", "adam", "rmsprop", "adamw", "lazy_sgdm", "lazy_adam", "lazy_rmsprop")
 
 

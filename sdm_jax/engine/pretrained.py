@@ -43,11 +43,11 @@ import optax
 from sdm_jax.engine import regularizers, train
 from sdm_jax.runs import final_state
 
-FINAL_STATE = "final_state.npz"
-# Model fields that define the pretrained hidden layer and its behaviour: the authors' code inherits
-# them from the checkpoint (py_scripts/combine_params.py, `get_params_net_dataloader`: custom > dataset
-# > checkpoint > defaults; docs/reference_code.md#configuration), so a continual run must use the same
-# values. The output head (num_classes, output_bias), dropout and the threshold's numerics may differ.
+FINAL_STATE = "final_state.npz"  #: A pretrain's trained models, in its workdir.
+#: Model fields that define the pretrained hidden layer and its behaviour: the authors' code inherits
+#: them from the checkpoint (py_scripts/combine_params.py, `get_params_net_dataloader`: custom > dataset
+#: > checkpoint > defaults; docs/reference_code.md#configuration), so a continual run must use the same
+#: values. The output head (num_classes, output_bias), dropout and the threshold's numerics may differ.
 MATCH_FIELDS = (
   "kind",
   "input_size",

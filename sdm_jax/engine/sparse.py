@@ -79,8 +79,9 @@ from sdm_jax.core import sdm_layer, topk
 from sdm_jax.engine import cpu_kernels, models, regularizers
 
 
+#: Where the step's selection and update run: the C++ FFI kernels on CPU when built ("auto"), or XLA.
 KERNELS = ("auto", "xla", "ffi")
-# Regularisers the sparse step implements: the folded quadratic penalty, and SI's path integral.
+#: Regularisers the sparse step implements: the folded quadratic penalty, and SI's path integral.
 PENALTY_METHODS = ("ewc", "mas", "l2", "si")
 
 
@@ -187,6 +188,7 @@ def ineligibility(
 
 
 def eligible(spec: models.ModelSpec, **optimizer) -> bool:
+  """Whether the sparse step can train this model with this optimiser (`ineligibility` says why not)."""
   return ineligibility(spec, **optimizer) is None
 
 

@@ -57,15 +57,16 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
+#: The optimisers the toy model compares.
 OPTIMIZERS = ("sgdm", "adam", "rmsprop")
 
 # Paper App. Stale Momentum: "γ=0.9, β1=0.9, β2=0.999, α=0.99 ... standard values".
-GAMMA = 0.9
-BETA1 = 0.9
-BETA2 = 0.999
-ALPHA = 0.99
-TRUE_GRADIENT = 0.2  # the injected gradient (toy figure caption)
-WARMUP = (0, 1)  # "we first introduce two gradient updates" (steps 0 and 1, as the notebook)
+GAMMA = 0.9  #: SGDM's momentum.
+BETA1 = 0.9  #: Adam's first-moment decay.
+BETA2 = 0.999  #: Adam's second-moment decay.
+ALPHA = 0.99  #: RMSProp's second-moment decay.
+TRUE_GRADIENT = 0.2  #: the injected gradient (toy figure caption)
+WARMUP = (0, 1)  #: "we first introduce two gradient updates" (steps 0 and 1, as the notebook)
 
 
 class Trace(NamedTuple):

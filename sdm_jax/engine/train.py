@@ -69,7 +69,8 @@ class TrainState:
 # The values a population may give each model (`TrainState.hyper`), beside the optimiser's learning
 # rate (which lives in the optimiser's state, `optax.inject_hyperparams`): the hidden layer's k and T,
 # and the regulariser's numbers.
-LAYER_FIELDS = ("k", "switch_activations")
+LAYER_FIELDS = ("k", "switch_activations")  #: The hidden layer's fields a population may vary.
+#: Every `TrainState.hyper` field: the layer's, then the regulariser's.
 POPULATION_FIELDS = LAYER_FIELDS + regularizers.POPULATION_FIELDS
 
 
@@ -425,6 +426,7 @@ def train_epochs(
   return sparse.to_neuron_major_state(state), metrics
 
 
+#: How the seeds of one program run: "vmap", "map" (`lax.map`), or "auto" (map on CPU, vmap elsewhere).
 SEED_LOOPS = ("auto", "vmap", "map")
 
 
@@ -577,9 +579,9 @@ class SparseSchedule(NamedTuple):
   retry_at: int = 0
 
 
-# A try that overflowed the slots retries this many blocks later (if the active count allows it
-# then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
-# task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
+#: A try that overflowed the slots retries this many blocks later (if the active count allows it
+#: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
+#: task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
 SPARSE_RETRY_BLOCKS = 2
 
 

@@ -24,13 +24,14 @@ import numpy as np
 
 from sdm_jax.engine import regularizers
 
-# TrainState.epoch and .step are int32 (sdm_jax/engine/train.py): a run longer than this would wrap them
-# (the epoch drives the k schedule, Eq. 4; the step seeds dropout).
+#: TrainState.epoch and .step are int32 (sdm_jax/engine/train.py): a run longer than this would wrap them
+#: (the epoch drives the k schedule, Eq. 4; the step seeds dropout).
 COUNTER_MAX = 2**31 - 1
-SEED_RANGE = 2**32  # numpy's RandomState (the class orders) and jax.random.PRNGKey take no other
+SEED_RANGE = 2**32  #: numpy's RandomState (the class orders) and jax.random.PRNGKey take no other
 
 
 def fail(name: str, message: str) -> NoReturn:
+  """Raise `ValueError("<name>: <message>")`, the form every refusal takes."""
   raise ValueError(f"{name}: {message}")
 
 

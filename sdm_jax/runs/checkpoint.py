@@ -45,8 +45,8 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-# Config fields that may change between a run and its resumption without changing its result
-# (`mesh`: the device layout; states are saved without the seed padding, see sdm_jax/runs/mesh.py).
+#: Config fields that may change between a run and its resumption without changing its result
+#: (`mesh`: the device layout; states are saved without the seed padding, see sdm_jax/runs/mesh.py).
 RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints", "mesh")
 
 
@@ -163,8 +163,8 @@ def save(mgr: ocp.CheckpointManager, step: int, states, progress: dict, config: 
     raise OSError(code, os.strerror(code) if code else str(e), str(pathlib.Path(mgr.directory) / str(step))) from e
 
 
-# Fields added after runs were saved without them: a saved config that lacks one is read as
-# having this value, so runs saved before the field existed still resume and still count as finished.
+#: Fields added after runs were saved without them: a saved config that lacks one is read as
+#: having this value, so runs saved before the field existed still resume and still count as finished.
 ADDED_FIELD_DEFAULTS = {
   "data_source": "local",
   "model.gaba_switch_epochs": 0.0,

@@ -18,6 +18,8 @@ import numpy as np
 
 
 class FinalState(NamedTuple):
+  """A run's trained models: every seed's parameters and GABA counters, and what they were trained on."""
+
   seeds: np.ndarray
   params: dict  # nested like the model's params, each leaf with a leading seed axis
   gaba_counts: np.ndarray

@@ -54,8 +54,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
+#: The mesh's axis names: seeds (models) are split over `seed`, each batch over `data`.
 SEED, DATA = "seed", "data"
-AXES = (SEED, DATA)
+AXES = (SEED, DATA)  #: The mesh's axes, in order.
 
 
 def mesh_shape(seed: int = -1, data: int = 1, num_devices: int | None = None) -> tuple[int, int]:
@@ -124,6 +125,7 @@ def seed_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding that puts a whole array on every device of `mesh`."""
   return NamedSharding(mesh, P())
 
 

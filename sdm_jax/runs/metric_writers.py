@@ -24,7 +24,7 @@ import csv
 import pathlib
 from typing import Iterable, Sequence
 
-# Row fields that label a row rather than measure something.
+#: Row fields that label a row rather than measure something.
 LABELS = ("member", "seed", "task", "epoch")
 
 

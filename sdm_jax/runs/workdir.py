@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Iterator
 
-LOCK_NAME = "run.lock"
+LOCK_NAME = "run.lock"  #: The lock file a live run holds in its workdir.
 
 
 class WorkdirError(ValueError):
