@@ -1,0 +1,211 @@
+"""The public API of `sdm_jax`, found from the code, and which public names lack a docstring.
+
+Used by the docs build (`sdm_docs.py`, which writes the API reference from it and fails on a missing
+docstring) and by `tests/docs_test.py` (the same check without Sphinx).
+
+A module's public names are its `__all__` where it defines one, else the names not starting with
+`_` that the module itself defines (functions, classes, assignments; imports are not its names).
+A function or class is documented by its docstring; a constant, which cannot hold one, by a string
+literal right after its assignment or a `#:` comment above it or at the end of its line (the forms
+Sphinx's autodoc reads).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import pathlib
+import pkgutil
+import re
+import types
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Name:
+  """One public name of one module."""
+
+  module: str  # the module that makes it public
+  name: str
+  origin: str  # the module that defines it (a re-export's source)
+  kind: str  # "function", "class", "data" or "module"
+  documented: bool
+
+
+def modules(package: str = "sdm_jax") -> list[str]:
+  """Every module of the package, the package itself first, in import order."""
+  root = importlib.import_module(package)
+  names = [package]
+  for info in pkgutil.walk_packages(root.__path__, package + "."):
+    if info.name.split(".")[-1].startswith("_"):
+      continue
+    names.append(info.name)
+  return names
+
+
+def _source_tree(module: types.ModuleType) -> tuple[ast.Module, list[str]]:
+  source = inspect.getsource(module)
+  return ast.parse(source), source.splitlines()
+
+
+def _targets(node: ast.stmt) -> list[str]:
+  """The names a module-level assignment binds (`A = ...`, `A: T = ...`, `A, B = ...`)."""
+  if isinstance(node, ast.Assign):
+    targets = node.targets
+  elif isinstance(node, ast.AnnAssign):
+    targets = [node.target]
+  else:
+    return []
+  names = []
+  for target in targets:
+    elements = target.elts if isinstance(target, ast.Tuple) else [target]
+    names += [t.id for t in elements if isinstance(t, ast.Name)]
+  return names
+
+
+def attribute_docs(module: types.ModuleType) -> set[str]:
+  """The module-level names assigned with a docstring or a `#:` comment."""
+  tree, lines = _source_tree(module)
+  documented = set()
+  body = tree.body
+  for i, node in enumerate(body):
+    targets = _targets(node)
+    if not targets:
+      continue
+    following = body[i + 1] if i + 1 < len(body) else None
+    after = (
+      isinstance(following, ast.Expr)
+      and isinstance(following.value, ast.Constant)
+      and isinstance(following.value.value, str)
+    )
+    above = node.lineno >= 2 and lines[node.lineno - 2].lstrip().startswith("#:")
+    trailing = "#:" in lines[node.lineno - 1]
+    if after or above or trailing:
+      documented.update(targets)
+  return documented
+
+
+def _defined_names(module: types.ModuleType) -> list[str]:
+  tree, _ = _source_tree(module)
+  names = []
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.append(node.name)
+    else:
+      names += _targets(node)
+  return [n for n in dict.fromkeys(names) if not n.startswith("_") and n != "__all__"]
+
+
+def _has_docstring(module_name: str, name: str) -> bool:
+  """Whether the function or class `name` has its own docstring in its module's source (not one a
+  decorator made up, as `dataclasses.dataclass` does)."""
+  tree, _ = _source_tree(importlib.import_module(module_name))
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+      return bool((ast.get_docstring(node) or "").strip())
+  return False
+
+
+def _data_origin(module: types.ModuleType, name: str) -> str:
+  """The module whose source assigns `name` (following `from X import name` re-exports)."""
+  tree, _ = _source_tree(module)
+  for node in tree.body:
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:
+        if (alias.asname or alias.name) == name:
+          return _data_origin(importlib.import_module(node.module), alias.name)
+  return module.__name__
+
+
+def public_names(module_name: str) -> list[Name]:
+  """The public names of one module (see the module docstring), each with where it is defined."""
+  module = importlib.import_module(module_name)
+  names = list(module.__all__) if hasattr(module, "__all__") else _defined_names(module)
+  result = []
+  for name in names:
+    obj = getattr(module, name)
+    if isinstance(obj, types.ModuleType):
+      result.append(Name(module_name, name, obj.__name__, "module", bool(obj.__doc__)))
+    elif inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj) or callable(obj):
+      origin = getattr(obj, "__module__", None) or module_name
+      kind = "class" if inspect.isclass(obj) else "function"
+      if not (inspect.isclass(obj) or inspect.isfunction(obj)) or origin == "typing":
+        # an instance that is callable (a partial, an optax transform made at import time): data
+        origin = _data_origin(module, name)
+        result.append(Name(module_name, name, origin, "data", name in attribute_docs(importlib.import_module(origin))))
+        continue
+      result.append(Name(module_name, name, origin, kind, _has_docstring(origin, obj.__name__)))
+    else:
+      origin = _data_origin(module, name)
+      result.append(Name(module_name, name, origin, "data", name in attribute_docs(importlib.import_module(origin))))
+  return result
+
+
+def undocumented(package: str = "sdm_jax") -> list[str]:
+  """`module.name` for every public name without a docstring, and every module without one."""
+  missing = []
+  for module_name in modules(package):
+    module = importlib.import_module(module_name)
+    if not (module.__doc__ or "").strip():
+      missing.append(f"{module_name} (module docstring)")
+    missing += [f"{n.module}.{n.name}" for n in public_names(module_name) if not n.documented]
+  return missing
+
+
+_LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+\.)\s+\S")
+
+
+def _indent(line: str) -> int:
+  return len(line) - len(line.lstrip())
+
+
+def _escape_inline(line: str) -> str:
+  """Escape `|` and `*` outside backtick code and **bold**: plain text, not reST substitutions or
+  emphasis (a list item's bullet stays)."""
+  bullet = _LIST_ITEM.match(line)
+  head, line = (line[: bullet.end() - 1], line[bullet.end() - 1 :]) if bullet else ("", line)
+  parts = re.split(r"(`+[^`]*`+|\*\*\S[^*]*?\S\*\*)", line)
+  for i in range(0, len(parts), 2):
+    parts[i] = re.sub(r"([|*])", r"\\\1", parts[i])
+  return head + "".join(parts)
+
+
+def plain_docstring(lines: list[str]) -> list[str]:
+  """This project's docstrings are plain text with Markdown habits (lists right under a sentence,
+  `x * y`, `|g|`); give reST the blank lines and escapes it needs, leaving `::` blocks alone."""
+  out: list[str] = []
+  literal_indent = None  # inside a `::` block: the indent of the line that opened it
+  list_indent = None  # inside a list: its bullets' indent
+  for line in lines:
+    stripped = line.strip()
+    if literal_indent is not None:
+      if not stripped or _indent(line) > literal_indent:
+        out.append(line)
+        continue
+      literal_indent = None
+    item = _LIST_ITEM.match(line)
+    previous = out[-1] if out else ""
+    if item and previous.strip():
+      deeper = _indent(previous) < _indent(line)
+      if deeper or (_indent(previous) == _indent(line) and not _LIST_ITEM.match(previous)):
+        out.append("")  # a list right under a sentence (or an item): reST wants a blank line
+    elif stripped and list_indent is not None and _indent(line) <= list_indent and previous.strip():
+      out.append("")  # the list ends: reST wants a blank line
+    if item:
+      list_indent = _indent(line) if list_indent is None else min(list_indent, _indent(line))
+    elif stripped and list_indent is not None and _indent(line) <= list_indent:
+      list_indent = None
+    elif not stripped and list_indent is not None:
+      pass
+    out.append(_escape_inline(line))
+    if stripped.endswith("::"):
+      literal_indent = _indent(line)
+  return out
+
+
+if __name__ == "__main__":
+  for line in undocumented():
+    print(line)
