@@ -381,10 +381,18 @@ def summarize(records: list[dict], c) -> list[dict]:
           if len(rs[0]["accuracy_per_epoch"]) > 1
           else 0.0
         ),
-        warnings=sum(r["warning"] is not None for r in rs),
+        warnings=sum(_warning(r) is not None for r in rs),
       )
     )
   return rows
+
+
+def _warning(record: dict) -> str | None:
+  """`diagnostics.collapse_warning` of a run's stored test statistics (SDM heads only)."""
+  if record["head"] == "relu":
+    return None
+  fields = {name: np.float32(record[f"test_{name}"]) for name in diagnostics.LayerStats._fields}
+  return diagnostics.collapse_warning(diagnostics.LayerStats(**fields))
 
 
 def matching_band(rows: list[dict], c, *, dataset: str, head: str, part: str = "window") -> dict:

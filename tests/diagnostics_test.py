@@ -94,6 +94,11 @@ def test_collapse_warning_names_each_symptom():
   assert diagnostics.collapse_warning(healthy) is None
   dead_trunk = diagnostics.layer_stats(np.zeros_like(x), np.zeros_like(a_star), counts, 80.0)
   assert "trunk below it stopped firing" in diagnostics.collapse_warning(dead_trunk)
+  dying = x.copy()
+  dying[:9] = 0.0  # 9 of 12 examples: the trunk is dying
+  message = diagnostics.collapse_warning(diagnostics.layer_stats(dying, a_star, counts, 80.0))
+  assert message.startswith("75% of the inputs to the SDM layer are zero")
+  assert diagnostics.collapse_warning(diagnostics.layer_stats(dying, a_star), max_zero_input_fraction=0.8) is None
   silent = diagnostics.layer_stats(x, np.zeros_like(a_star), counts, 80.0)
   assert "every SDM output is zero" in diagnostics.collapse_warning(silent)
   later = diagnostics.layer_stats(x, a_star, counts, 80.0)  # same counters at a later step

@@ -108,16 +108,22 @@ def layer_stats(
 
 
 def collapse_warning(
-  stats: LayerStats, previous: LayerStats | None = None, *, min_output_mean: float | None = None
+  stats: LayerStats,
+  previous: LayerStats | None = None,
+  *,
+  max_zero_input_fraction: float = 0.5,
+  min_output_mean: float | None = None,
 ) -> str | None:
   """The symptom, in words, if `stats` (one layer, one batch; host side) shows a collapsed layer, else None.
 
   Checked in this order, the first that holds is named:
   1. every input zero after the ReLU (the trunk stopped firing);
-  2. every output zero (a* = 0 for every example: the readout gets no signal, no gradient flows);
-  3. the counters frozen: `previous` (stats from an earlier training step) has the same sum of C, so
+  2. more than `max_zero_input_fraction` of the inputs zero (the trunk is dying: those examples
+     reach neither the readout nor, through the layer, the trunk);
+  3. every output zero (a* = 0 for every example: the readout gets no signal, no gradient flows);
+  4. the counters frozen: `previous` (stats from an earlier training step) has the same sum of C, so
      no neuron fired for any example in training between the two calls;
-  4. with `min_output_mean`, an output scale below it (mean active a*), the tiny-gap symptom.
+  5. with `min_output_mean`, an output scale below it (mean active a*), the tiny-gap symptom.
 
   Stats stacked over seeds or steps are checked element by element; the message names how many.
   """
@@ -128,6 +134,11 @@ def collapse_warning(
       [z >= 1.0 for z in zero_in],
       "every input to the SDM layer is zero after its ReLU: the trunk below it stopped firing "
       "(a = X_a^T x = 0, so a* = 0 and no gradient reaches the trunk; it cannot recover)",
+    ),
+    (
+      [max_zero_input_fraction < z < 1.0 for z in zero_in],
+      f"{100 * _first(zero_in, [max_zero_input_fraction < z < 1.0 for z in zero_in]):.0f}% of the inputs to the SDM "
+      "layer are zero after its ReLU: the trunk below it is dying (those examples give a* = 0 and no gradient)",
     ),
     (
       [m <= 0.0 for m in out_max],
