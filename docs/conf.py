@@ -29,7 +29,7 @@ extensions = [
   "sdm_docs",
 ]
 
-exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "_generated", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
 
 # Docstrings: `name` is a link where it names something documented, else code.

@@ -5,7 +5,8 @@ When the build starts it writes, from the code itself:
 - `api/`: one page per module of `sdm_jax` (autodoc of its public names, `api_inventory`), and an
   index; a package's re-exports link to where the name is defined;
 - `reference/config.md`: every config field with its type, default, allowed values and meaning
-  (`experiments/config_docs.py`, the base config, the schema's constants).
+  (`experiments/config_docs.py`, the base config, the schema's constants);
+- `_generated/readme_*.py`: the README's Python examples, which the guide includes (one copy).
 
 It warns, so that `sphinx -W` fails, on a public name without a docstring and on a config field
 without a description (or a description of a field that does not exist).
@@ -14,6 +15,7 @@ without a description (or a description of a field that does not exist).
 from __future__ import annotations
 
 import pathlib
+import re
 
 from sphinx.application import Sphinx
 from sphinx.util import logging
@@ -171,10 +173,27 @@ def check(app: Sphinx) -> None:
     logger.warning(f"experiments/config_docs.py describes a field the base config lacks: {field}")
 
 
+#: README sections whose Python example the guide shows (one copy: the README's, run by the tests).
+README_EXAMPLES = ("Your own data", "SDM in your own network")
+
+
+def write_readme_examples(out: pathlib.Path) -> None:
+  """`_generated/readme_<section>.py`: the first Python block under each of `README_EXAMPLES`."""
+  readme = (DOCS.parent / "README.md").read_text()
+  for heading in README_EXAMPLES:
+    parts = readme.split(f"## {heading}\n", 1)
+    block = re.search(r"```python\n(.*?)```", parts[1], re.S) if len(parts) == 2 else None
+    if block is None:
+      logger.warning(f"README.md: no Python example under '## {heading}' for the guide")
+      continue
+    _write(out / f"readme_{heading.lower().replace(' ', '_')}.py", block.group(1))
+
+
 def generate(app: Sphinx) -> None:
   check(app)
   write_api_pages(DOCS / "api")
   write_config_reference(DOCS / "reference" / "config.md")
+  write_readme_examples(DOCS / "_generated")
 
 
 def setup(app: Sphinx) -> dict:
