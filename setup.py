@@ -53,5 +53,8 @@ setuptools.setup(
     # Accelerators: JAX's CUDA 13 wheels (NVIDIA driver >= 580) or its TPU runtime, at the pinned jax.
     "cuda": ["jax[cuda13]"],
     "tpu": ["jax[tpu]"],
+    # The docs site: Sphinx, MyST pages and notebooks executed at every build (myst-nb, ipykernel), the
+    # theme; matplotlib draws the main-job tutorial's figures. Build: see docs/conf.py.
+    "docs": ["sphinx>=8", "myst-nb>=1.1", "sphinx-book-theme>=1.1", "ipykernel>=6", "matplotlib>=3.8.4"],
   },
 )
