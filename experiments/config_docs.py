@@ -37,10 +37,7 @@ FIELDS: dict[str, str] = {
     "`reference`: the same, but seed 0 means ordinal (the reference's Split CIFAR-10 orders are "
     "seeds 0, 3, 15, 27, 97)."
   ),
-  "seeds": (
-    "The seeds, a tuple: one model each, all trained in one compiled program "
-    "(`--config.seeds='(0,1,2)'`)."
-  ),
+  "seeds": ("The seeds, a tuple: one model each, all trained in one compiled program (`--config.seeds='(0,1,2)'`)."),
   "epochs_per_task": "Training epochs on each task (the reference's Split MNIST: 500; `quick`: 50; `tiny`: 2).",
   "eval_every": (
     "Evaluate on the test set (or the validation split) every this many epochs; must divide "
@@ -100,13 +97,11 @@ FIELDS: dict[str, str] = {
     "negative-weights ablation)."
   ),
   "model.l2_norm": (
-    "L2-normalise each input and keep each neuron's address unit-norm (False is Table 2's "
-    "no-L2-norm ablation)."
+    "L2-normalise each input and keep each neuron's address unit-norm (False is Table 2's no-L2-norm ablation)."
   ),
   "model.dropout": "Dropout rate on the hidden layer (the ReLU MLP's Dropout baseline; 0 for none).",
   "model.threshold_method": (
-    "How the k-th largest activation is found; every method gives the same value "
-    "(`auto` picks by k and backend)."
+    "How the k-th largest activation is found; every method gives the same value (`auto` picks by k and backend)."
   ),
   "model.n_response": "FlyModel only: inputs per Kenyon cell (Table 7's k column for FlyModel rows).",
   # ---- the optimiser
@@ -141,8 +136,7 @@ FIELDS: dict[str, str] = {
   "population.regularizer.decay": "Online EWC gammas to train side by side in one program.",
   # ---- bookkeeping
   "paper_final_accuracy": (
-    "The paper's final accuracy for this row, shown beside ours in tables and figures "
-    "(-1: the paper has none)."
+    "The paper's final accuracy for this row, shown beside ours in tables and figures (-1: the paper has none)."
   ),
 }
 
@@ -213,9 +207,7 @@ def field_table() -> list[dict[str, Any]]:
   rows = []
   for field, meaning in FIELDS.items():
     value = base[field]
-    rows.append(
-      dict(field=field, type=type(value).__name__, default=value, allowed=allowed(field), meaning=meaning)
-    )
+    rows.append(dict(field=field, type=type(value).__name__, default=value, allowed=allowed(field), meaning=meaning))
   for field, meaning in OPTIONAL.items():
     kind = "int" if field.startswith("mesh.") or field == "pretrained_index" else "str"
     rows.append(dict(field=field, type=kind, default=None, allowed=allowed(field), meaning=meaning))

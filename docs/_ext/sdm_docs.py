@@ -147,9 +147,7 @@ def write_config_reference(path: pathlib.Path) -> None:
     if row.get("oracle"):
       reg_text = "oracle: all classes as one task"
     paper = split_mnist.PAPER_FINAL_ACCURACY.get(variant)
-    out.append(
-      f"| `{variant}` | {row['kind']} | {row['neurons']:,} | {reg_text} | {'' if paper is None else paper} |"
-    )
+    out.append(f"| `{variant}` | {row['kind']} | {row['neurons']:,} | {reg_text} | {'' if paper is None else paper} |")
   del split_fashion_mnist  # (imported so that a broken config file fails the build here)
   _write(path, "\n".join(out) + "\n")
 
