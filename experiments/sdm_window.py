@@ -35,7 +35,7 @@ import sdm_jax
 from sdm_jax import data as data_lib
 from sdm_jax.core import centering, diagnostics
 
-PARTS = ("window", "grid", "frozen")
+PARTS = ("window", "grid", "probe", "frozen")
 KINDS = ("relu", "sdm", "recipe")
 
 
@@ -92,10 +92,10 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{field} must be > 0, got {c[field]!r}")
   if c.batch_size > c.max_train_examples:
     raise ValueError(f"config.batch_size={c.batch_size} exceeds config.max_train_examples={c.max_train_examples}")
-  for field in ("lrs", "fashion_mnist_lrs", "grid_lrs"):
+  for field in ("lrs", "fashion_mnist_lrs", "grid_lrs", "probe_lrs"):
     if any(lr <= 0 for lr in _floats(c[field], field)):
       raise ValueError(f"config.{field} must hold learning rates > 0, got {c[field]!r}")
-  for field in ("heads", "mnist_heads", "grid_heads", "frozen_joint_heads"):
+  for field in ("heads", "mnist_heads", "grid_heads", "probe_heads", "frozen_joint_heads"):
     for name in _names(c[field]):
       head_spec(c, name)
   for name in _names(c.datasets):
@@ -223,10 +223,12 @@ class Runner:
     return nnx.merge(self.graphdef, params, rest)
 
   def _epoch(self, params, rest, lr, key, x, y):
-    """One epoch of SGD over (x, y) in a random order; (params, rest, mean loss, trunk share).
+    """One epoch of SGD over (x, y) in a random order: (params, rest, per-step trace).
 
-    The trunk share is the trunk's fraction of the squared gradient norm, averaged over steps: the
-    global clip hands the trunk that fraction of each step of norm lr."""
+    The trace holds each step's loss; the global gradient norm before the clip; the trunk's share of
+    the squared gradient norm (the clip scales every gradient alike, so the trunk's step is that
+    share of the step of norm <= lr); the norm of the convolution's parameters after the step; and
+    the fraction of the batch whose features are all zero (a dead trunk's images)."""
     tx = optimizer(self.merge(params, rest), lr, self.c.clip_norm)
     opt_state = tx.init(params)
     steps = x.shape[0] // self.c.batch_size
@@ -237,18 +239,28 @@ class Runner:
 
       def loss_fn(p):
         model = self.merge(p, rest)
-        logits = model(x[index])
+        h = model.trunk(x[index])
+        logits = model.out(model.head(h)[2])
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y[index]).mean()
-        return loss, self.split(model)[1]
+        return loss, (self.split(model)[1], jnp.mean(jnp.all(h <= 0, axis=-1)))
 
-      (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      (loss, (rest, zero_inputs)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
       squares = jax.tree.map(lambda g: jnp.sum(jnp.square(g)), grads)
-      share = sum(jax.tree.leaves(squares["conv"])) / jnp.maximum(sum(jax.tree.leaves(squares)), 1e-30)
+      total, trunk = sum(jax.tree.leaves(squares)), sum(jax.tree.leaves(squares["conv"]))
       updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), rest, opt_state), (loss, share)
+      params = optax.apply_updates(params, updates)
+      conv_norm = jnp.sqrt(sum(jnp.sum(jnp.square(p)) for p in jax.tree.leaves(params["conv"])))
+      trace = dict(
+        loss=loss,
+        grad_norm=jnp.sqrt(total),
+        trunk_share=trunk / jnp.maximum(total, 1e-30),
+        conv_norm=conv_norm,
+        zero_inputs=zero_inputs,
+      )
+      return (params, rest, opt_state), trace
 
-    (params, rest, _), (loss, share) = jax.lax.scan(step, (params, rest, opt_state), order)
-    return params, rest, loss.mean(), share.mean()
+    (params, rest, _), trace = jax.lax.scan(step, (params, rest, opt_state), order)
+    return params, rest, trace
 
   def _evaluate(self, params, rest, x, y):
     """Accuracy and the head's statistics on (x, y), in evaluation mode (counters frozen)."""
@@ -279,14 +291,16 @@ def train(runner: Runner, lr: float, seed: int, tasks, test_x, test_y, *, epochs
   start = time.perf_counter()
   params, rest = runner.split(runner.new(seed))
   key = jax.random.key(seed)
-  curve, losses, shares = [], [], []
+  curve, losses, shares, first_epoch = [], [], [], None
   for task, (x, y) in enumerate(tasks):
     for epoch in range(epochs):
-      params, rest, loss, share = runner.epoch(params, rest, lr, jax.random.fold_in(key, task * 10_000 + epoch), x, y)
+      params, rest, trace = runner.epoch(params, rest, lr, jax.random.fold_in(key, task * 10_000 + epoch), x, y)
       result = runner.evaluate(params, rest, test_x, test_y)
+      trace = jax.device_get(trace)
+      first_epoch = first_epoch or {name: [float(v) for v in values] for name, values in trace.items()}
       curve.append(float(result["accuracy"]))
-      losses.append(float(loss))
-      shares.append(float(share))
+      losses.append(float(np.mean(trace["loss"])))
+      shares.append(float(np.mean(trace["trunk_share"])))
   stats = jax.device_get(result["stats"])
   record = dict(
     head=runner.head.name,
@@ -296,6 +310,7 @@ def train(runner: Runner, lr: float, seed: int, tasks, test_x, test_y, *, epochs
     accuracy_per_epoch=curve,
     loss_per_epoch=losses,
     trunk_grad_share_per_epoch=shares,
+    first_epoch_trace=first_epoch,
     dead_fraction=float(result["dead_fraction"]),
     raw_input_cosine=float(result["raw_input_cosine"]),
     logit_max=float(result["logit_max"]),
@@ -426,6 +441,10 @@ def window_plan(c) -> list[tuple[str, str, list[float]]]:
     heads = _names(c.heads) + (_names(c.mnist_heads) if dataset == "mnist" else [])
     plan += [(dataset, h, lrs) for h in heads]
   return plan
+
+
+def probe_plan(c) -> list[tuple[str, str, list[float]]]:
+  return [("mnist", h, _floats(c.probe_lrs, "probe_lrs")) for h in _names(c.probe_heads)]
 
 
 def grid_plan(c) -> list[tuple[str, str, list[float]]]:
@@ -613,7 +632,7 @@ def plot_grid(rows: list[dict], path: pathlib.Path) -> None:
   plt.close(fig)
 
 
-def markdown(rows: list[dict], bands: list[dict], frozen: dict | None) -> str:
+def markdown(rows: list[dict], bands: list[dict], frozen: dict | None, records: list[dict] = ()) -> str:
   lines = [
     "| part | dataset | head | lr | accuracy mean | min | max | collapsed | dead | zero inputs | input cos (raw) | a* mean | max logit | trunk grad share (ep. 1) | warnings |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -625,6 +644,25 @@ def markdown(rows: list[dict], bands: list[dict], frozen: dict | None) -> str:
       f"{r['input_cosine']:.2f} ({r['raw_input_cosine']:.2f}) | {r['output_mean']:.4f} | {r['logit_max']:.3f} | "
       f"{r['trunk_grad_share_epoch1']:.2f} | {r['warnings']} |"
     )
+  probes = [r for r in records if r["part"] == "probe"]
+  if probes:
+    lines += [
+      "",
+      "First epoch at large learning rates (seed 0): step at which half / all of the batch had all-zero trunk "
+      "features, gradient norm before the clip (first step, largest), trunk share of the squared gradient norm "
+      "(first step, mean), norm of the convolution's parameters (after the first and the last step).",
+      "",
+      "| head | lr | half zero at step | all zero at step | grad norm (step 1, max) | trunk share (step 1, mean) | conv norm (1, last) | accuracy |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(probes, key=lambda r: (r["head"], r["lr"])):
+      t = r["first_epoch_trace"]
+      first = lambda f: next((i + 1 for i, z in enumerate(t["zero_inputs"]) if f(z)), "-")  # noqa: E731
+      lines.append(
+        f"| {r['head']} | {r['lr']:g} | {first(lambda z: z >= 0.5)} | {first(lambda z: z >= 1.0)} | "
+        f"{t['grad_norm'][0]:.2f}, {max(t['grad_norm']):.2f} | {t['trunk_share'][0]:.3f}, {np.mean(t['trunk_share']):.3f} | "
+        f"{t['conv_norm'][0]:.2f}, {t['conv_norm'][-1]:.2f} | {r['accuracy']:.3f} |"
+      )
   lines += ["", "Matching bands (|mean - ReLU mean| <= tolerance, no seed below the floor):", ""]
   for b in bands:
     lines.append(
@@ -660,6 +698,10 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
     records += sweep(c, workdir, "window", window_plan(c))
   if "grid" in parts:
     records += sweep(c, workdir, "grid", grid_plan(c))
+  if "probe" in parts:  # the first steps at large learning rates, one seed: what kills a trunk
+    probe = ml_collections.ConfigDict(c.to_dict())
+    probe.epochs, probe.seeds = c.probe_epochs, 1
+    records += sweep(probe, workdir, "probe", probe_plan(c))
   frozen = frozen_trunk(c, workdir) if "frozen" in parts else None
   rows = summarize(records, c)
   recipes = {r["head"] for r in rows if r["head"].startswith("recipe")}
@@ -676,7 +718,7 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
     machine=f"{platform.machine()}, jax {jax.__version__} ({jax.default_backend()})",
   )
   (workdir / "results.json").write_text(json.dumps(results, indent=1))
-  (workdir / "summary.md").write_text(markdown(rows, bands, frozen))
+  (workdir / "summary.md").write_text(markdown(rows, bands, frozen, records))
   try:
     if any(r["part"] == "window" for r in rows):
       plot_window(rows, bands, workdir / "sdm_window.png")

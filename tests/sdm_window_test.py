@@ -76,9 +76,10 @@ def test_matching_band_is_the_widest_run_of_matching_points():
 
 
 def test_tiny_window_on_mnist_records_real_numbers_caches_and_plots(tmp_path, monkeypatch, saved_figures):
-  c = tiny()
-  results = sdm_window.run(c, tmp_path, parts=("window",))
-  runs = {r["head"]: r for r in results["runs"]}
+  c = tiny(probe_heads="relu")
+  results = sdm_window.run(c, tmp_path, parts=("window", "probe"))
+  probe = [r for r in results["runs"] if r["part"] == "probe"]
+  runs = {r["head"]: r for r in results["runs"] if r["part"] == "window"}
   assert set(runs) == {"relu", "recipe"}
   for run in runs.values():
     assert len(run["accuracy_per_epoch"]) == c.epochs and run["accuracy_per_epoch"][-1] == run["accuracy"]
@@ -88,12 +89,19 @@ def test_tiny_window_on_mnist_records_real_numbers_caches_and_plots(tmp_path, mo
   recipe = runs["recipe"]
   assert 0.0 < recipe["test_mean_lambda"] <= 1.0 and 1.0 <= recipe["test_active_per_example"] <= 2 * c.k
   assert recipe["logit_max"] > 0.1 and recipe["warning"] is None
+  # The probe: one epoch at lr 10, every step traced (160 images in batches of 16).
+  assert [(r["head"], r["lr"], r["seed"]) for r in probe] == [("relu", 10.0, 0)]
+  trace = probe[0]["first_epoch_trace"]
+  assert all(len(v) == 10 for v in trace.values())
+  assert all(0.0 <= s <= 1.0 for s in trace["trunk_share"]) and trace["grad_norm"][0] > 0.0
+  assert "| relu | 10 |" in (tmp_path / "summary.md").read_text()
   # Rows and the summary are the runs' numbers.
-  rows = {r["head"]: r for r in results["rows"]}
   for head, run in runs.items():
-    assert rows[head]["accuracy"] == [run["accuracy"]] and rows[head]["accuracy_mean"] == run["accuracy"]
+    row = next(r for r in results["rows"] if r["head"] == head and r["part"] == "window")
+    assert row["accuracy"] == [run["accuracy"]] and row["accuracy_mean"] == run["accuracy"]
   assert f"| window | mnist | relu | 1 | {runs['relu']['accuracy']:.3f} |" in (tmp_path / "summary.md").read_text()
-  assert json.loads((tmp_path / "results.json").read_text())["rows"] == results["rows"]
+  same = lambda a, b: json.dumps(a) == json.dumps(b)  # noqa: E731  (NaN statistics of a dead trunk compare equal)
+  assert same(json.loads((tmp_path / "results.json").read_text())["rows"], results["rows"])
   # The figure: one accuracy curve per head at the sweep's learning rates.
   axes = saved_figures["sdm_window.png"].axes
   lines = {line.get_label(): line for line in axes[0].get_lines() if not line.get_label().startswith("_")}
@@ -101,8 +109,8 @@ def test_tiny_window_on_mnist_records_real_numbers_caches_and_plots(tmp_path, mo
   assert list(lines["ReLU head"].get_ydata()) == [runs["relu"]["accuracy"]]
   # A second call reads every run back instead of training again.
   monkeypatch.setattr(sdm_window, "train", lambda *a, **k: pytest.fail("trained again"))
-  again = sdm_window.run(c, tmp_path, parts=("window",))
-  assert again["rows"] == results["rows"]
+  again = sdm_window.run(c, tmp_path, parts=("window", "probe"))
+  assert same(again["rows"], results["rows"])
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ Every run: plain SGD, global-norm clip `clip_norm`, the SDM projection after eac
 
 Parts (`--parts`): "window" (every head of `heads`, and of `mnist_heads` on MNIST, at every lr of
 `lrs` on MNIST and of `fashion_mnist_lrs` on Fashion-MNIST, `seeds` seeds); "grid" (`grid_heads` on MNIST at
-`grid_lrs`: T and k); "frozen" (a trunk trained outside the continual stream, frozen, its
+`grid_lrs`: T and k); "probe" (per-step traces of the first `probe_epochs` at `probe_lrs`, seed 0:
+what kills a trunk); "frozen" (a trunk trained outside the continual stream, frozen, its
 features through `sdm_jax.engine.continual.fit` with and without centering, against the joint
 CNN trained class-incrementally; `frozen_*` fields).
 
@@ -68,6 +69,10 @@ def get_config(variant: str = "quick") -> ml_collections.ConfigDict:
   # Grid part (MNIST): T and k of the paper's layer, at two learning rates.
   c.grid_heads = "sdm:T=0.5,sdm:T=10,sdm:k=100"
   c.grid_lrs = "0.1,1"
+  # Probe part (MNIST, seed 0): per-step traces of the first epochs at large learning rates.
+  c.probe_heads = "relu,sdm,recipe"
+  c.probe_lrs = "1,3,10"
+  c.probe_epochs = 1
   # Frozen-trunk part: a class-incremental stream (5 tasks of 2 classes, classes in order).
   c.frozen_stream = "fashion_mnist"
   c.frozen_train_per_class = 400
@@ -91,6 +96,7 @@ def get_config(variant: str = "quick") -> ml_collections.ConfigDict:
     c.lrs = c.fashion_mnist_lrs = "0.1,1"
     c.mnist_heads = ""
     c.grid_heads, c.grid_lrs = "sdm:k=5", "1"
+    c.probe_heads, c.probe_lrs = "sdm", "10"
     c.frozen_stream = "mnist"
     c.frozen_train_per_class, c.frozen_test_per_class = 16, 8
     c.frozen_trunk_sources, c.frozen_trunk_examples = "task1", 160
