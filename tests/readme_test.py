@@ -1,0 +1,103 @@
+"""The README as a quickstart: short, its two opening commands as CI runs them, no history in it,
+the sweep it shows one population program, and the main job it opens with run as written (slow).
+
+Every `python -m` command of the README and the docs is checked for its module, flags, config and
+fields by tests/docs_test.py; its two Python examples run in tests/continual_test.py and
+tests/nnx_layer_test.py.
+"""
+
+import json
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+MAIN_JOB = (
+  "python3 -m venv .venv && . .venv/bin/activate && pip install -e . -c requirements.txt && "
+  "python -m experiments.split_mnist --config=experiments/configs/split_mnist.py:sdmlp,quick "
+  "--workdir=/tmp/sdm_jax/split_mnist"
+)
+TESTS = (
+  "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' -c requirements.txt && "
+  "python -m pytest -q -n 2 tests"
+)
+
+
+def _blocks(language: str) -> list[str]:
+  return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+
+
+def test_the_readme_opens_with_the_two_commands():
+  assert _blocks("bash")[:2] == [MAIN_JOB + "\n", TESTS + "\n"]
+
+
+def test_ci_runs_the_readmes_test_command():
+  install, test = TESTS.split(" && ")[-2:]
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert f"{install.replace('pip install', 'pip install -q')} && {test}" in ci
+
+
+def test_the_readme_is_a_quickstart():
+  """At most 200 lines, none over 100 characters but the two opening commands (kept on one line
+  each, as CI runs them), no commit hashes and no dates (they belong in the results READMEs and
+  benchmarks/README.md)."""
+  lines = README.splitlines()
+  assert len(lines) <= 200
+  long = [line for line in lines if len(line) > 100 and line not in (MAIN_JOB, TESTS)]
+  assert not long, long
+  hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", README) if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+  assert not hashes, hashes
+  assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", README)
+
+
+def test_the_readme_states_the_timings_and_links_the_docs():
+  for claim in ("1-2 minutes", "about 75 s", "0.4457", "about 11 minutes", "about 2.5 minutes"):
+    assert claim in README
+  for link in re.findall(r"\]\((docs/[^)#]+)", README):
+    assert (ROOT / link).exists(), link
+
+
+def _sweep_command() -> list[str]:
+  for block in _blocks("bash"):
+    command = block.replace("\\\n", " ")
+    if command.startswith("python -m launch.sweep"):
+      return shlex.split(command)
+  raise AssertionError("no launch.sweep command in the README")
+
+
+def test_the_readmes_sweep_is_one_population_program():
+  """Learning rate x k: both population fields, so one compiled program of 2 x 2 models."""
+  from launch import runner, sweep
+
+  argv = _sweep_command()
+  argument = cli._config_argument(argv, None)
+  axes = [a.split("=", 1)[1] for a in argv if a.startswith("--axis=")]
+  plan = runner.plan(sweep.sweep_of(argument, cli.load_config_file(argument), axes, ""))
+  assert plan.population is not None, plan.how
+  assert len(plan.runs) == 4
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_as_written_and_ends_where_the_readme_says(tmp_path):
+  """The README's main job (its workdir moved under tmp_path), then the analyze command it shows.
+  The final accuracy is the README's to what another CPU's rounding moves (0.4423 to 0.4458)."""
+  command = shlex.split(MAIN_JOB.split(" && ")[-1].replace("/tmp/sdm_jax/split_mnist", str(tmp_path / "run")))
+  done = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  final = json.loads((tmp_path / "run" / "results.json").read_text())["per_seed"][0]["final_accuracy"]
+  stated = float(re.search(r"final accuracy of (0\.\d+)", README).group(1))
+  assert final == pytest.approx(stated, abs=0.01)
+  analyze = next(c for c in _blocks("bash") if "experiments.analyze" in c).strip().splitlines()[-1]
+  analyze = shlex.split(analyze.replace("/tmp/sdm_jax/split_mnist", str(tmp_path / "run")))
+  pytest.importorskip("matplotlib")
+  done = subprocess.run([sys.executable, *analyze[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert (tmp_path / "run" / "analysis" / "report.md").exists()
