@@ -34,6 +34,10 @@ source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
 
 # Docstrings: `name` is a link where it names something documented, else code.
 default_role = "py:obj"
+# A reference to a name of this project that does not resolve is an error (with -W); references to
+# other libraries' names (jax.Array, optax's types) are left as text.
+nitpicky = True
+nitpick_ignore_regex = [(r"py:.*", r"(?!sdm_jax\.).*"), (r"py:.*", r".*\._\w+.*")]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True

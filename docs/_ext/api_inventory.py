@@ -33,6 +33,12 @@ class Name:
   origin: str  # the module that defines it (a re-export's source)
   kind: str  # "function", "class", "data" or "module"
   documented: bool
+  defined_as: str = ""  # its name where it is defined (a re-export may rename it); "" = `name`
+
+  @property
+  def target(self) -> str:
+    """The dotted name of its definition: what the API reference documents and links to."""
+    return self.origin if self.kind == "module" else f"{self.origin}.{self.defined_as or self.name}"
 
 
 def modules(package: str = "sdm_jax") -> list[str]:
@@ -137,7 +143,7 @@ def public_names(module_name: str) -> list[Name]:
         origin = _data_origin(module, name)
         result.append(Name(module_name, name, origin, "data", name in attribute_docs(importlib.import_module(origin))))
         continue
-      result.append(Name(module_name, name, origin, kind, _has_docstring(origin, obj.__name__)))
+      result.append(Name(module_name, name, origin, kind, _has_docstring(origin, obj.__name__), obj.__name__))
     else:
       origin = _data_origin(module, name)
       result.append(Name(module_name, name, origin, "data", name in attribute_docs(importlib.import_module(origin))))

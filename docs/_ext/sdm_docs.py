@@ -37,6 +37,10 @@ def _title(text: str) -> str:
   return f"{text}\n{'=' * len(text)}\n"
 
 
+#: A re-exported name (`sdm_jax.SDM`) -> where it is documented (`sdm_jax.core.nnx_layer.SDM`).
+ALIASES: dict[str, str] = {}
+
+
 def write_api_pages(out: pathlib.Path) -> list[str]:
   """One reST page per module; returns the module names."""
   names = api_inventory.modules("sdm_jax")
@@ -44,13 +48,13 @@ def write_api_pages(out: pathlib.Path) -> list[str]:
     public = api_inventory.public_names(module)
     own = [n for n in public if n.origin == module and n.kind != "module"]
     elsewhere = [n for n in public if n.origin != module or n.kind == "module"]
+    ALIASES.update({f"{module}.{n.name}": n.target for n in elsewhere})
     lines = [_title(f"``{module}``"), f".. automodule:: {module}", "   :no-members:", ""]
     if elsewhere:
       lines += ["Re-exported here:", ""]
       for n in elsewhere:
-        target = n.origin if n.kind == "module" else f"{n.origin}.{n.name}"
         role = "mod" if n.kind == "module" else "obj"
-        lines.append(f"- :py:{role}:`{module}.{n.name} <{target}>`")
+        lines.append(f"- :py:{role}:`{module}.{n.name} <{n.target}>`")
       lines.append("")
     for n in own:
       directive = {"class": "autoclass", "function": "autofunction", "data": "autodata"}[n.kind]
@@ -194,7 +198,26 @@ def generate(app: Sphinx) -> None:
   write_readme_examples(DOCS / "_generated")
 
 
+def _resolve_alias(app: Sphinx, env, node, contnode):
+  """A reference to a re-exported name (`sdm_jax.SDM`) resolves to its definition's entry."""
+  target = ALIASES.get(node.get("reftarget", ""))
+  if node.get("refdomain") != "py" or target is None:
+    return None
+  domain = env.get_domain("py")
+  return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], target, node, contnode)
+
+
+def _quiet_in_docstrings(app: Sphinx, domain, node) -> bool | None:
+  """A docstring's `name` (or a signature's type) is a link where it resolves and code where not:
+  docstrings name things relative to their module, and a signature may name a class its module
+  leaves out of `__all__`. The pages' own references to `sdm_jax` must resolve (nitpicky)."""
+  source = str(node.source or "")
+  return True if not source or "docstring of" in source else None
+
+
 def setup(app: Sphinx) -> dict:
+  app.connect("missing-reference", _resolve_alias)
+  app.connect("warn-missing-reference", _quiet_in_docstrings)
   app.connect("builder-inited", generate)
   app.connect("autodoc-process-docstring", _process_docstring, priority=400)  # before napoleon
   return {"version": "1", "parallel_read_safe": True}
