@@ -75,3 +75,11 @@ def test_the_sdm_layer_and_its_optax_pieces_load_nothing_of_the_engine():
   loaded = out.stdout.split()
   assert "sdm_jax.core.nnx_layer" in loaded
   assert [m for m in loaded if _layer_of(m) not in (None, "core")] == []
+
+
+def test_the_run_machinery_imports_without_jax():
+  """The command line's first checks (`sdm_jax.runs.workdir`) refuse a bad command before JAX loads:
+  the package's own exports load the core only when one is used."""
+  code = "import sys, sdm_jax, sdm_jax.runs.workdir\nprint('jax' in sys.modules)\n"
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+  assert out.stdout.split() == ["False"]

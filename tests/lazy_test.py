@@ -17,13 +17,18 @@ from sdm_jax.engine import stale_momentum as sm
 N_IN, R, C = 5, 6, 3
 SILENT = (1, 4)
 LR = 0.1
+# Per-neuron masks on the one-hidden-layer layout, as the engine's lazy optimisers use them.
+SDM = lazy.layer_activity("hidden", values="output")
 
 # name -> (lazy transformation, the plain optax transformation it must match when dense)
 PAIRS = {
-  "sgdm": (lambda: lazy.lazy_sgdm(LR), lambda: optax.sgd(LR, momentum=0.9)),
-  "adam": (lambda: lazy.lazy_adam(LR), lambda: optax.adam(LR)),
-  "adam_global_count": (lambda: lazy.lazy_adam(LR, per_neuron_count=False), lambda: optax.adam(LR)),
-  "rmsprop": (lambda: lazy.lazy_rmsprop(LR), lambda: optax.rmsprop(LR, decay=0.99, eps=1e-8, eps_in_sqrt=False)),
+  "sgdm": (lambda: lazy.lazy_sgdm(LR, activity_fn=SDM), lambda: optax.sgd(LR, momentum=0.9)),
+  "adam": (lambda: lazy.lazy_adam(LR, activity_fn=SDM), lambda: optax.adam(LR)),
+  "adam_global_count": (lambda: lazy.lazy_adam(LR, activity_fn=SDM, per_neuron_count=False), lambda: optax.adam(LR)),
+  "rmsprop": (
+    lambda: lazy.lazy_rmsprop(LR, activity_fn=SDM),
+    lambda: optax.rmsprop(LR, decay=0.99, eps=1e-8, eps_in_sqrt=False),
+  ),
 }
 
 
@@ -147,12 +152,12 @@ def test_adam_global_count_does_not_follow_the_subsequence():
 def test_adam_count_semantics():
   params = _params()
   grads = [_grads(1), _grads(2, silent=SILENT), _grads(3, silent=SILENT)]
-  *_, state = _last(_run(lazy.lazy_adam(LR), params, grads))
+  *_, state = _last(_run(lazy.lazy_adam(LR, activity_fn=SDM), params, grads))
   count = state.inner_state[0].count
   np.testing.assert_array_equal(_neuron_slices(count["hidden"]["kernel"], SILENT), 1)
   np.testing.assert_array_equal(_neuron_slices(count["hidden"]["kernel"], ACTIVE), 3)
   np.testing.assert_array_equal(_neuron_slices(count["output"]["kernel"], SILENT), 1)
-  *_, state = _last(_run(lazy.lazy_adam(LR, per_neuron_count=False), params, grads))
+  *_, state = _last(_run(lazy.lazy_adam(LR, activity_fn=SDM, per_neuron_count=False), params, grads))
   adam_state = state.inner_state[0]  # optax.adam = chain(scale_by_adam, scale_by_learning_rate)
   assert isinstance(adam_state, optax.ScaleByAdamState)
   assert int(adam_state.count) == 3  # global: advanced through the silent steps too
@@ -163,7 +168,7 @@ def test_hidden_bias_is_per_neuron_output_bias_per_element():
   g_sparse = _grads(3, silent=SILENT, like=params)
   g_sparse["output"]["bias"] = g_sparse["output"]["bias"].at[0].set(0.0)
   grads = [_grads(1, like=params), g_sparse]
-  _, s_before, updates, s_after = _last(_run(lazy.lazy_sgdm(LR), params, grads))
+  _, s_before, updates, s_after = _last(_run(lazy.lazy_sgdm(LR, activity_fn=SDM), params, grads))
   np.testing.assert_array_equal(np.asarray(updates["hidden"]["bias"])[list(SILENT)], 0)
   assert np.all(np.asarray(updates["hidden"]["bias"])[list(ACTIVE)] != 0)
   assert float(updates["output"]["bias"][0]) == 0.0 and np.all(updates["output"]["bias"][1:] != 0)
@@ -177,7 +182,7 @@ def test_per_neuron_versus_per_element_on_an_active_neuron_with_a_zero_entry():
   g_sparse = _grads(3, silent=SILENT)
   g_sparse["hidden"]["kernel"] = g_sparse["hidden"]["kernel"].at[0, :].set(0.0)
   grads = [_grads(1), g_sparse]
-  *_, u_neuron, _ = _last(_run(lazy.lazy_sgdm(LR), params, grads))
+  *_, u_neuron, _ = _last(_run(lazy.lazy_sgdm(LR, activity_fn=SDM), params, grads))
   *_, u_elem, _ = _last(_run(lazy.lazy_sgdm(LR, activity_fn=lazy.elementwise_activity), params, grads))
   active = list(ACTIVE)
   # Per neuron: the momentum of the active neuron keeps acting on that entry.
@@ -189,7 +194,7 @@ def test_per_neuron_versus_per_element_on_an_active_neuron_with_a_zero_entry():
   )
 
 
-def test_elementwise_fallback_for_other_layouts():
+def test_the_default_is_elementwise_on_any_tree():
   params = {"w": jnp.ones((4, 3)), "b": jnp.ones(3)}
   g1 = {"w": jnp.full((4, 3), 0.5), "b": jnp.full(3, 0.5)}
   g2 = {"w": jnp.full((4, 3), 0.5).at[1, 2].set(0.0), "b": jnp.zeros(3)}
@@ -220,7 +225,8 @@ def test_jit_matches_eager():
   params = _params()
   grads = [_grads(1), _grads(2, silent=SILENT), _grads(3)]
   for (_, _, u_eager, s_eager), (_, _, u_jit, s_jit) in zip(
-    _run(lazy.lazy_adam(LR), params, grads), _run(lazy.lazy_adam(LR), params, grads, jit=True)
+    _run(lazy.lazy_adam(LR, activity_fn=SDM), params, grads),
+    _run(lazy.lazy_adam(LR, activity_fn=SDM), params, grads, jit=True),
   ):
     # XLA fuses differently under jit: a few float32 ulps of the step size (lr 0.1).
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # noqa: E731
@@ -228,7 +234,10 @@ def test_jit_matches_eager():
     jax.tree.map(close, s_eager, s_jit)
 
 
-@pytest.mark.parametrize("name,tx", [("sgdm", lazy.lazy_sgdm(1.0)), ("rmsprop", lazy.lazy_rmsprop(1.0, eps=0.0))])
+@pytest.mark.parametrize(
+  "name,tx",
+  [("sgdm", lazy.lazy_sgdm(1.0)), ("rmsprop", lazy.lazy_rmsprop(1.0, eps=0.0))],
+)
 def test_matches_the_lazy_scalar_toy(name, tx):
   # One weight, the appendix's injections: the optax transform reproduces
   # stale_momentum.simulate(lazy=True) (same SGDM/RMSProp conventions; lr = 1).
@@ -257,7 +266,7 @@ def test_gradient_detects_exactly_the_neurons_that_did_not_fire_in_the_sdm_model
   _, hidden = models.forward(params, x, spec=spec, gaba_counts=counts)
   fired = np.asarray(jnp.any(hidden > 0, axis=0))
   assert 0 < fired.sum() < 12
-  masks = lazy.neuron_activity(grads)
+  masks = SDM(grads)
   np.testing.assert_array_equal(np.asarray(masks["hidden"]["kernel"])[0], fired)
   np.testing.assert_array_equal(np.asarray(masks["output"]["kernel"])[:, 0], fired)
 
@@ -283,7 +292,7 @@ def _cnn(seed=0, silent=()):
 
 def test_lazy_layers_freezes_silent_neurons_of_a_marked_layer_and_leaves_the_rest_dense():
   params = _cnn()
-  tx = lazy.lazy_layers(optax.adam(LR), ("sdm", "out"))
+  tx = lazy.lazy_layers(optax.adam(LR), "sdm", values="out")
   dense = optax.adam(LR)
   state, dense_state = tx.init(params), dense.init(params)
   for seed in (1, 2, 3):
@@ -303,8 +312,8 @@ def test_lazy_layers_with_nested_paths_equals_the_same_layers_at_the_top():
   level. (The marked pairs were parsed twice, and the second parse kept only "head" of each.)"""
   top = _cnn()
   nested = {"conv": top["conv"], "head": {"sdm": top["sdm"], "out": top["out"]}}
-  flat_tx = lazy.lazy_layers(optax.adam(LR), ("sdm", "out"))
-  nested_tx = lazy.lazy_layers(optax.adam(LR), ("head/sdm", "head/out"))
+  flat_tx = lazy.lazy_layers(optax.adam(LR), "sdm", values="out")
+  nested_tx = lazy.lazy_layers(optax.adam(LR), "head/sdm", values="head/out")
   s1, s2 = flat_tx.init(top), nested_tx.init(nested)
   for seed in (1, 2, 3):
     g = _cnn(seed, silent=SILENT if seed > 1 else ())
@@ -317,7 +326,8 @@ def test_lazy_layers_with_nested_paths_equals_the_same_layers_at_the_top():
 
 def test_lazy_layers_equals_lazy_on_the_sdm_layout():
   params = _params()
-  ours, builtin = lazy.lazy_layers(optax.adam(LR), ("hidden", "output")), lazy.lazy(optax.adam(LR))
+  ours = lazy.lazy_layers(optax.adam(LR), "hidden", values="output")
+  builtin = lazy.lazy(optax.adam(LR), activity_fn=SDM)
   s1, s2 = ours.init(params), builtin.init(params)
   for seed in (1, 2, 3):
     grads = _grads(seed, silent=SILENT, like=params)
@@ -329,12 +339,12 @@ def test_lazy_layers_equals_lazy_on_the_sdm_layout():
 @pytest.mark.parametrize(
   "layers, message",
   [
-    (("sdm", "outs"), r"^layers: no parameter at path 'outs'"),
-    ("head", r"^layers: no parameter at path 'head'"),
-    (("sdm", "conv"), r"^layers: the value kernel 'conv/kernel' has shape \(3, 3, 1, 5\)"),
+    (("sdm", "outs"), r"^values: no parameter at path 'outs'"),
+    (("head", None), r"^addresses: no parameter at path 'head'"),
+    (("sdm", "conv"), r"^values: the value kernel 'conv/kernel' has shape \(3, 3, 1, 5\)"),
   ],
 )
 def test_lazy_layers_names_a_missing_or_misshapen_layer(layers, message):
-  tx = lazy.lazy_layers(optax.adam(LR), layers)
+  tx = lazy.lazy_layers(optax.adam(LR), layers[0], values=layers[1])
   with pytest.raises(ValueError, match=message):
     tx.init(_cnn())

@@ -64,7 +64,7 @@ def test_layer_matches_the_builtin_sdmlp_after_the_same_steps():
   net.out.kernel[...] = state.params["output"]["kernel"]
   opt = nnx.Optimizer(
     net,
-    optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05), projection.sdm_projection("sdm", nonnegative="out")),
+    optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05), projection.sdm_projection("sdm", values="out")),
     wrt=nnx.Param,
   )
   engine_step = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))
@@ -150,7 +150,7 @@ def test_wrong_input_size_is_refused_while_tracing(count_compiles):
   x, y = jnp.ones((BATCH, IN + 1)), jnp.zeros(BATCH, jnp.int32)  # (eager ops compile: made before counting)
 
   def run():
-    with pytest.raises(ValueError, match=rf"^x must be \[batch, \.\.\.\] with {IN} features"):
+    with pytest.raises(ValueError, match=rf"^x must be \[\.\.\., {IN}\]: the last axis holds the features"):
       step(net, opt, x, y)
 
   _, compiled = count_compiles(run)
@@ -168,8 +168,8 @@ def test_linear_schedule_needs_the_epoch():
 
 def test_projection_finds_every_sdm_layer():
   net = Net(nnx.Rngs(0))
-  assert nnx_layer.sdm_paths(net) == [("sdm",)]
-  with pytest.raises(ValueError, match="^model: no nnx_layer.SDM"):
+  assert nnx_layer.sdm_paths(net) == ["sdm"]
+  with pytest.raises(ValueError, match="^model: no SDM module"):
     nnx_layer.projection(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
 
 
@@ -180,7 +180,7 @@ def _train_from_key(key, xs, ys):
   """A user's training run as a pure function of a key: builds the NNX model and optimiser, then
   `lax.scan`s the step over the batches (nnx.split / merge around the step)."""
   net = Net(nnx.Rngs(params=key))
-  opt = nnx.Optimizer(net, optax.chain(optax.sgd(0.05), nnx_layer.projection(net, nonnegative="out")), wrt=nnx.Param)
+  opt = nnx.Optimizer(net, optax.chain(optax.sgd(0.05), nnx_layer.projection(net, values="out")), wrt=nnx.Param)
   graphdef, state = nnx.split((net, opt))
 
   def body(state, batch):
@@ -303,3 +303,26 @@ def test_readme_example_runs_as_written(capsys):
 
 if __name__ == "__main__" and sys.argv[1:] == ["SHARDED"]:
   print(json.dumps(_sharded_worker()))
+
+
+def test_the_last_axis_dtypes_and_kernel_init_as_nnx_linear():
+  """Leading axes are batch axes; bfloat16 parameters and computation; a custom initializer is
+  projected onto the constraint (>= 0, unit-norm columns)."""
+  layer = nnx_layer.SDM(IN, NEURONS, k=K, switch_activations=1.0, rngs=nnx.Rngs(0))
+  x = jax.random.uniform(jax.random.key(1), (2, 3, IN))
+  layer.eval()
+  np.testing.assert_array_equal(layer(x), layer(x.reshape(6, IN)).reshape(2, 3, NEURONS))
+  half = nnx_layer.SDM(
+    IN,
+    NEURONS,
+    k=K,
+    switch_activations=1.0,
+    dtype=jnp.bfloat16,
+    param_dtype=jnp.bfloat16,
+    kernel_init=nnx.initializers.normal(1.0),
+    rngs=nnx.Rngs(0),
+  )
+  assert half.kernel[...].dtype == jnp.bfloat16 and half(x).dtype == jnp.bfloat16
+  kernel = np.asarray(half.kernel[...], np.float32)
+  assert kernel.min() >= 0
+  np.testing.assert_allclose(np.linalg.norm(kernel, axis=0), 1.0, rtol=2e-2)

@@ -58,7 +58,7 @@ def _cnn_params(seed=0):
 def test_sdm_projection_constrains_only_the_marked_layers_of_a_cnn():
   params = _cnn_params()
   grads = [_cnn_params(seed) for seed in (1, 2, 3)]
-  tx = optax.chain(optax.adam(0.1), projection.sdm_projection("sdm", nonnegative="out/kernel"))
+  tx = optax.chain(optax.adam(0.1), projection.sdm_projection("sdm", values="out/kernel"))
   plain = optax.adam(0.1)
   got, want = params, params
   state, plain_state = tx.init(params), plain.init(params)
@@ -90,7 +90,7 @@ def test_sdm_projection_equals_project_params_on_the_sdmlp():
   spec = models.sdmlp(5, 7, 3, k=2)
   params = models.init_params(jax.random.key(0), spec)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
-  ours = optax.chain(optax.sgd(0.5), projection.sdm_projection("hidden", nonnegative="output"))
+  ours = optax.chain(optax.sgd(0.5), projection.sdm_projection("hidden", values="output"))
   builtin = optimizers.make_optimizer(
     "sgd", 0.5, clip_norm=None, projection=functools.partial(models.project_params, spec=spec)
   )
@@ -99,19 +99,31 @@ def test_sdm_projection_equals_project_params_on_the_sdmlp():
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-def test_sdm_projection_takes_a_label_function():
+def test_sdm_projection_takes_paths_a_mask_or_a_function_with_one_meaning():
+  """The same marks three ways (optax's forms): path strings, a mask pytree, a function of the params."""
   params = _cnn_params()
-  labels = {
-    "conv": {"kernel": projection.FREE, "bias": projection.FREE},
-    "sdm": {"kernel": projection.ADDRESS},
-    "out": {"kernel": projection.NONNEGATIVE, "bias": projection.FREE},
+  addresses = {
+    "conv": {"kernel": False, "bias": False},
+    "sdm": {"kernel": True},
+    "out": {"kernel": False, "bias": False},
   }
-  by_labels = projection.sdm_projection(labels=lambda p: labels)
-  by_paths = projection.sdm_projection("sdm", nonnegative="out/kernel")
-  zero = jax.tree.map(jnp.zeros_like, params)
-  a = by_labels.update(zero, by_labels.init(params), params)[0]
-  b = by_paths.update(zero, by_paths.init(params), params)[0]
-  jax.tree.map(np.testing.assert_array_equal, a, b)
+  values = {"conv": {"kernel": False, "bias": False}, "sdm": {"kernel": False}, "out": {"kernel": True, "bias": False}}
+  grads = jax.tree.map(lambda p: -3.0 * jnp.ones_like(p), params)
+  updates = []
+  for tx in (
+    projection.sdm_projection("sdm", values="out/kernel"),
+    projection.sdm_projection(addresses, values=values),
+    projection.sdm_projection(lambda p: addresses, values=lambda p: values),
+  ):
+    updates.append(tx.update(grads, tx.init(params), params)[0])
+  for other in updates[1:]:
+    jax.tree.map(np.testing.assert_array_equal, updates[0], other)
+  assert np.all(np.asarray(optax.apply_updates(params, updates[0])["out"]["kernel"]) >= 0)  # values kept >= 0
+  # A sequence of strings marks several layers, never one path split in two.
+  both = projection.sdm_projection(["sdm", "conv"])
+  jax.tree.map(
+    np.testing.assert_array_equal, both.update(grads, both.init(params), params)[0]["sdm"], updates[0]["sdm"]
+  )
 
 
 @pytest.mark.parametrize(
@@ -119,8 +131,10 @@ def test_sdm_projection_takes_a_label_function():
   [
     (dict(addresses="head"), r"^addresses: no parameter at path 'head'; the tree has \['conv/bias', 'conv/kernel'"),
     (dict(addresses="sdm/kernel/x"), r"^addresses: no parameter at path 'sdm/kernel/x'"),
-    (dict(addresses="sdm", nonnegative="outs"), r"^nonnegative: no parameter at path 'outs'"),
-    (dict(addresses="out/bias", normalize=True, labels=None), None),  # a bias alone is only clamped: fine
+    (dict(addresses="sdm", values="outs"), r"^values: no parameter at path 'outs'"),
+    (dict(addresses=("sdm", "kernel")), r"^addresses: no parameter at path 'kernel'"),  # two paths, not one
+    (dict(addresses={"sdm": True}), r"^addresses: a mask must have the parameters' structure"),
+    (dict(addresses="out/bias", l2_norm=True), None),  # a bias alone is only clamped: fine
   ],
 )
 def test_sdm_projection_refuses_a_missing_or_misshapen_layer_at_init(kwargs, message):
@@ -136,7 +150,7 @@ def test_sdm_projection_refuses_an_address_with_one_axis():
   params = {**_cnn_params(), "norm": {"scale": jnp.ones(4)}}
   for tx in (
     projection.sdm_projection("norm"),
-    projection.sdm_projection(labels=lambda p: jax.tree.map(lambda _: projection.ADDRESS, p)),
+    projection.sdm_projection(lambda p: jax.tree.map(lambda _: True, p)),
   ):
     with pytest.raises(ValueError, match=r"^addresses: the parameter at 'norm/scale' has shape \(4,\)"):
       tx.init(params)
@@ -145,5 +159,5 @@ def test_sdm_projection_refuses_an_address_with_one_axis():
 def test_sdm_projection_refuses_nothing_marked():
   with pytest.raises(ValueError, match="^addresses: mark at least one layer"):
     projection.sdm_projection()
-  with pytest.raises(ValueError, match="^nonnegative: clamping needs positive=True"):
-    projection.sdm_projection("sdm", nonnegative="out", positive=False)
+  with pytest.raises(ValueError, match="^values: keeping value layers >= 0 needs positive=True"):
+    projection.sdm_projection("sdm", values="out", positive=False)

@@ -14,18 +14,17 @@ The paper (App. Stale Momentum, "Practical Takeaways") proposes sparse
 optimisers such as PyTorch's SparseAdam / TensorFlow's LazyAdam as future work
 and never tests them. This module makes them available to the JAX models.
 
-Semantics. "Did not fire" is read off the gradient itself: a neuron outside the
-Top-K for every example in the batch gets an exactly zero gradient for its
-address (column j of params['hidden']['kernel'], Flax layout [n_in, r]), its
-value row (row j of params['output']['kernel'], [r, C]) and its bias, if any.
-`neuron_activity` marks neuron j active when ANY of these is nonzero (per-
-neuron masking, the paper's description); every other leaf (output bias, or a
-params tree without the SDM layout) falls back to per-element masking, g != 0.
+Semantics. "Did not fire" is read off the gradient itself. By default (`elementwise_activity`) an
+entry is active where its gradient is not exactly zero, on any tree. On the marked SDM layers
+(`lazy_layers`, or `activity_fn=layer_activity(...)`) the mask is per neuron: a neuron outside
+the Top-K for every example of the batch gets an exactly zero gradient for its address (column j
+of an address kernel [..., r]), its bias entry and its value row (row j of a value kernel [r, ...]),
+and neuron j is active when ANY of these is nonzero (the paper's description).
 `lazy(inner)` then runs `inner` as usual and, for inactive entries,
 
 * replaces the update by exactly 0, and
-* keeps every optimiser-state subtree that mirrors the parameters (momentum
-  buffers, first/second moments, per-element counts) at its previous value.
+* keeps every optimiser-state tree that mirrors the parameters (momentum buffers, first/second
+  moments, per-element counts: `optax.tree_utils.tree_map_params` finds them) at its previous value.
 
 Scalar state (a global step count, a schedule's count) advances as `inner`
 says. Per-neuron and per-element masking differ only for an active neuron with
@@ -58,7 +57,7 @@ reset for every entry).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,58 +74,19 @@ def elementwise_activity(grads: optax.Updates) -> Any:
   return jax.tree.map(lambda g: g != 0, grads)
 
 
-def _sdm_kernels(grads) -> tuple[jax.Array, jax.Array] | None:
-  """(hidden kernel [n_in, r], output kernel [r, C]) if `grads` has the SDM layout, else None."""
-  try:
-    hidden, output = grads["hidden"]["kernel"], grads["output"]["kernel"]
-  except (KeyError, TypeError, IndexError, ValueError):
-    return None
-  if jnp.ndim(hidden) != 2 or jnp.ndim(output) != 2 or hidden.shape[1] != output.shape[0]:
-    return None
-  return hidden, output
-
-
-def neuron_activity(grads: optax.Updates) -> Any:
-  """Masks broadcastable to each gradient leaf: which entries may change this step.
-
-  For the SDM params layout neuron j is active iff its address column, value
-  row or hidden bias has a nonzero gradient; those three leaves get the
-  per-neuron mask (shapes [1, r], [r, 1], [r]). All other leaves, and any tree
-  without that layout, get `elementwise_activity`.
-  """
-  kernels = _sdm_kernels(grads)
-  if kernels is None:
-    return elementwise_activity(grads)
-  hidden, output = kernels
-  fired = jnp.any(hidden != 0, axis=0) | jnp.any(output != 0, axis=1)
-  hidden_bias = grads["hidden"].get("bias") if hasattr(grads["hidden"], "get") else None
-  if hidden_bias is not None:
-    fired = fired | (hidden_bias != 0)
-  per_neuron = {("hidden", "kernel"): fired[None, :], ("output", "kernel"): fired[:, None], ("hidden", "bias"): fired}
-
-  def mask(path, g):
-    keys = tuple(getattr(k, "key", None) for k in path)
-    return per_neuron[keys] if keys in per_neuron else g != 0
-
-  return jax.tree_util.tree_map_with_path(mask, grads)
-
-
-def _select_param_like(active, new_state, old_state, like):
-  """In every state subtree shaped like `like`, takes `new` where active, else `old`."""
-  treedef = jax.tree.structure(like)
-  shapes = [jnp.shape(x) for x in jax.tree.leaves(like)]
-
-  def is_param_like(node) -> bool:
-    if jax.tree.structure(node) != treedef:
-      return False
-    return [jnp.shape(x) for x in jax.tree.leaves(node)] == shapes
-
-  def select(new, old):
-    if not is_param_like(new):
-      return new  # scalar counts etc.: advance as the inner transformation says
-    return jax.tree.map(lambda a, n, o: jnp.where(a, n, o), active, new, old)
-
-  return jax.tree.map(select, new_state, old_state, is_leaf=is_param_like)
+def _freeze_inactive(inner: optax.GradientTransformation, active, new_state, old_state):
+  """`new_state` where active, `old_state` elsewhere, in every tree of the state that mirrors the
+  parameters (`optax.tree_utils.tree_map_params` knows which); other state as `inner` says."""
+  masks = optax.tree_utils.tree_map_params(
+    inner, lambda _, a: a, new_state, active, transform_non_params=lambda _: None
+  )
+  return jax.tree.map(
+    lambda m, new, old: new if m is None else jnp.where(m, new, old),
+    masks,
+    new_state,
+    old_state,
+    is_leaf=lambda x: x is None,
+  )
 
 
 class LazyState(NamedTuple):
@@ -136,15 +96,15 @@ class LazyState(NamedTuple):
 
 
 def lazy(
-  inner: optax.GradientTransformation, *, activity_fn: ActivityFn = neuron_activity
+  inner: optax.GradientTransformation, *, activity_fn: ActivityFn = elementwise_activity
 ) -> optax.GradientTransformation:
   """Freezes `inner`'s update and params-shaped state wherever `activity_fn(grads)` is False.
 
   Args:
     inner: an element-wise optax transformation (sgd, momentum, adam, rmsprop...).
-    activity_fn: maps the incoming gradient tree to boolean masks broadcastable
-      to each leaf; default `neuron_activity` (per neuron for SDM params,
-      per element elsewhere). Pass `elementwise_activity` for the simplest exact rule.
+    activity_fn: maps the incoming gradient tree to boolean masks broadcastable to each leaf;
+      default `elementwise_activity` (any tree); `layer_activity(...)` for per-neuron masks on
+      marked SDM layers (or use `lazy_layers`).
 
   Returns:
     An `optax.GradientTransformation`; active entries get exactly `inner`'s
@@ -158,7 +118,7 @@ def lazy(
     active = activity_fn(updates)  # from the gradient as it arrives (after clipping)
     new_updates, inner_state = inner.update(updates, state.inner_state, params)
     new_updates = jax.tree.map(lambda a, u: jnp.where(a, u, jnp.zeros_like(u)), active, new_updates)
-    inner_state = _select_param_like(active, inner_state, state.inner_state, updates)
+    inner_state = _freeze_inactive(inner, active, inner_state, state.inner_state)
     return new_updates, LazyState(inner_state=inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -209,7 +169,7 @@ def lazy_sgdm(
   momentum: float = 0.9,
   *,
   nesterov: bool = False,
-  activity_fn: ActivityFn = neuron_activity,
+  activity_fn: ActivityFn = elementwise_activity,
 ) -> optax.GradientTransformation:
   """Lazy SGD with momentum, torch convention (buffer = μ buffer + g) as `optim.base_optimizer`."""
   return lazy(optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov), activity_fn=activity_fn)
@@ -220,7 +180,7 @@ def lazy_rmsprop(
   decay: float = 0.99,
   eps: float = 1e-8,
   *,
-  activity_fn: ActivityFn = neuron_activity,
+  activity_fn: ActivityFn = elementwise_activity,
 ) -> optax.GradientTransformation:
   """Lazy RMSProp, torch defaults (α 0.99, eps outside the root), as `optim.base_optimizer`."""
   return lazy(optax.rmsprop(learning_rate, decay=decay, eps=eps, eps_in_sqrt=False), activity_fn=activity_fn)
@@ -233,7 +193,7 @@ def lazy_adam(
   eps: float = 1e-8,
   *,
   per_neuron_count: bool = True,
-  activity_fn: ActivityFn = neuron_activity,
+  activity_fn: ActivityFn = elementwise_activity,
 ) -> optax.GradientTransformation:
   """Lazy Adam (torch defaults).
 
@@ -260,30 +220,32 @@ def lazy_adam(
 LAZY, DENSE = "lazy", "dense"
 
 
-def _layer_paths(sdm_layers) -> list[tuple[tuple[str, ...], tuple[str, ...] | None]]:
-  """[(address path, value path or None)] from "sdm", ("sdm", "out") pairs or a list of them."""
-  if isinstance(sdm_layers, str) or (
-    isinstance(sdm_layers, tuple) and len(sdm_layers) == 2 and all(isinstance(p, str) or p is None for p in sdm_layers)
-  ):
-    sdm_layers = [sdm_layers]
-  pairs = []
-  for layer in sdm_layers:
-    address, value = (layer, None) if isinstance(layer, str) else layer
-    pairs.append((paths.as_paths(address, "layers")[0], None if value is None else paths.as_paths(value, "layers")[0]))
-  if not pairs:
-    raise ValueError("layers: mark at least one SDM layer, e.g. 'sdm' or ('sdm', 'out')")
-  return pairs
+def _layer_pairs(addresses, values) -> list[tuple[tuple[str, ...], tuple[str, ...] | None]]:
+  """[(address path, value path or None)]: `addresses` and `values` path strings, paired in order."""
+  address_paths = paths.as_paths(addresses, "addresses")
+  if not address_paths:
+    raise ValueError("addresses: mark at least one SDM layer, e.g. 'sdm'")
+  value_paths = paths.as_paths(values, "values")
+  if value_paths and len(value_paths) != len(address_paths):
+    raise ValueError(
+      f"values: one value layer per address layer, in order ({len(address_paths)} addresses, {len(value_paths)} values)"
+    )
+  return list(zip(address_paths, value_paths or [None] * len(address_paths)))
 
 
-def layer_activity(sdm_layers) -> ActivityFn:
+def layer_activity(addresses: str | Sequence[str], values: str | Sequence[str] | None = None) -> ActivityFn:
   """`activity_fn` for `lazy`: per-neuron masks on the marked SDM layers of any tree.
 
-  For each (address, value) pair, neuron j fired iff its address column (kernel[..., j] of the
-  leaves under the address path but a bias), its bias entry, or its value row (kernel[j, ...] of the
-  leaves under the value path) has a nonzero gradient; those leaves get the neuron's mask (the
-  value layer's own bias is per element). Every other leaf is per element (`elementwise_activity`).
+  Args:
+    addresses: path strings of the SDM layers ("sdm", "head/sdm", or a sequence of them). Neuron j
+      of a layer fired iff its address column (kernel[..., j] of every leaf under the path but a
+      bias) or its bias entry has a nonzero gradient;
+    values: their value layers' paths, one per address layer in the same order (or None): a
+      neuron's value row (kernel[j, ...]) counts too, and gets the neuron's mask.
+
+  Every other leaf (and a value layer's own bias) is per element (`elementwise_activity`).
   """
-  return _pairs_activity(_layer_paths(sdm_layers))
+  return _pairs_activity(_layer_pairs(addresses, values))
 
 
 def _pairs_activity(pairs) -> ActivityFn:
@@ -319,28 +281,34 @@ def _pairs_activity(pairs) -> ActivityFn:
 def _check_layers(params, pairs) -> None:
   """ValueError naming the path of a missing layer or of a kernel that cannot be an SDM layer's."""
   for address, value in pairs:
-    paths.require(params, [address] + ([value] if value is not None else []), "layers")
+    paths.require(params, [address], "addresses")
+    if value is not None:
+      paths.require(params, [value], "values")
   leaves = [(paths.path_of(k), p) for k, p in jax.tree_util.tree_flatten_with_path(params)[0]]
   for address, value in pairs:
     kernels = [(pth, p) for pth, p in leaves if paths.under(pth, address) and pth[-1] != "bias"]
     for pth, p in kernels:
       if jnp.ndim(p) < 2:
-        raise ValueError(f"layers: {'/'.join(pth)!r} has shape {jnp.shape(p)}; an address kernel is [..., neurons]")
+        raise ValueError(f"addresses: {'/'.join(pth)!r} has shape {jnp.shape(p)}; an address kernel is [..., neurons]")
     neurons = {jnp.shape(p)[-1] for _, p in kernels}
     if len(neurons) > 1:
-      raise ValueError(f"layers: the kernels under {'/'.join(address)!r} disagree on the neuron count: {neurons}")
+      raise ValueError(f"addresses: the kernels under {'/'.join(address)!r} disagree on the neuron count: {neurons}")
     if value is None:
       continue
     for pth, p in leaves:
       if paths.under(pth, value) and pth[-1] != "bias" and (jnp.ndim(p) < 2 or jnp.shape(p)[0] not in neurons):
         raise ValueError(
-          f"layers: the value kernel {'/'.join(pth)!r} has shape {jnp.shape(p)}; it must be [neurons, ...] with "
+          f"values: the value kernel {'/'.join(pth)!r} has shape {jnp.shape(p)}; it must be [neurons, ...] with "
           f"neurons = {sorted(neurons)} (the address kernel's last axis)"
         )
 
 
 def lazy_layers(
-  inner: optax.GradientTransformation, sdm_layers, *, rest: optax.GradientTransformation | None = None
+  inner: optax.GradientTransformation,
+  addresses: str | Sequence[str],
+  *,
+  values: str | Sequence[str] | None = None,
+  rest: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """`inner` made lazy on the marked SDM layers of any model; `rest` (default: `inner`, not lazy)
   on every other parameter, through `optax.partition`.
@@ -348,20 +316,25 @@ def lazy_layers(
   Args:
     inner: an element-wise optimiser (`optax.adam(1e-3)`, `scale_by_adam_per_element_count` chained
       with a learning rate, ...), as for `lazy`.
-    sdm_layers: the SDM layers: "sdm" (its address kernel [..., neurons] and bias), ("sdm", "out")
-      (with its value kernel [neurons, ...]: a neuron that fired updates both), or a list of them.
-      A neuron is silent when all of its gradients are exactly zero (`layer_activity`).
+    addresses: path strings of the SDM layers ("sdm", or a sequence of them): their address kernels
+      [..., neurons] and biases.
+    values: the value layers' paths, one per address layer in order (a neuron that fired updates
+      its value row [neurons, ...] too), or None.
     rest: the transformation of all other parameters (e.g. a CNN trunk's), default `inner`.
 
-  A marked path that is missing, or a kernel of the wrong shape, raises ValueError naming it at
-  `init` (and while tracing `update`).
+  A neuron is silent when all of its gradients are exactly zero (`layer_activity`). A marked path
+  that is missing, or a kernel of the wrong shape, raises ValueError naming it at `init` (and while
+  tracing `update`).
   """
-  pairs = _layer_paths(sdm_layers)
+  pairs = _layer_pairs(addresses, values)
   marked = [p for pair in pairs for p in pair if p is not None]
 
   def label_fn(params):
     _check_layers(params, pairs)
-    return paths.labels(params, {LAZY: marked}, default=DENSE)
+    lazy_mask = jax.tree_util.tree_map_with_path(
+      lambda kp, _: any(paths.under(paths.path_of(kp), m) for m in marked), params
+    )
+    return jax.tree.map(lambda m: LAZY if m else DENSE, lazy_mask)
 
   return optax.partition(
     {LAZY: lazy(inner, activity_fn=_pairs_activity(pairs)), DENSE: inner if rest is None else rest}, label_fn

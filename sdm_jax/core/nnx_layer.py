@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import optax
 
 from sdm_jax.core import projection as projection_lib
-from sdm_jax.core import sdm_layer, topk
+from sdm_jax.core import paths, sdm_layer, topk
 
 
 class GabaCounts(nnx.Variable):
@@ -40,8 +41,9 @@ class SDM(nnx.Module):
   """An SDM layer: a* = Top-K([X_a^T x]_+) with the GABA switch, no bias (paper Eq. 3-4, App. B.3).
 
   Args:
-    in_features: features per example (inputs [batch, ...] are flattened to [batch, in_features]).
-    neurons: r, the number of neurons; the output is a* [batch, neurons].
+    in_features: features per example: the last axis of the input [..., in_features] (flatten an
+      image's [h, w, c] yourself, as before an `nnx.Linear`).
+    neurons: r, the number of neurons; the output is a* [..., neurons].
     k: k_target, the number of neurons left active per example (1 <= k < neurons).
     k_schedule: "gaba" (App. B.3, Eq. 12: a*_i = [a_i - λ_i I]_+, I the (k+1)-th largest
       activation, λ_i = clip(-1 + 2 C_i / T, -1, 1): every neuron is excited, then inhibited as it
@@ -58,7 +60,11 @@ class SDM(nnx.Module):
     l2_norm: unit L2 norm per input example, and unit-norm addresses (`projection`); App. A.5.
     use_bias: add a bias (an ablation; SDM has none).
     threshold_method: see `topk.kth_largest` (all exact).
-    rngs: `nnx.Rngs`; the kernel [in_features, neurons] is PyTorch's nn.Linear init, projected.
+    dtype: the computation's dtype (None: inferred from the input and the kernel), as `nnx.Linear`.
+    param_dtype: the kernel's (and bias's) dtype.
+    kernel_init: an initializer (key, shape, dtype) -> kernel [in_features, neurons], projected
+      onto the constraint after; None: PyTorch's nn.Linear init (the authors'). A bias starts at 0.
+    rngs: `nnx.Rngs`.
 
   Bad arguments raise ValueError naming the argument, at construction; an input with the wrong
   number of features raises at the call (while tracing, before anything is compiled).
@@ -84,6 +90,9 @@ class SDM(nnx.Module):
     l2_norm: bool = True,
     use_bias: bool = False,
     threshold_method: str = "auto",
+    dtype: jnp.dtype | None = None,
+    param_dtype: jnp.dtype = jnp.float32,
+    kernel_init: nnx.Initializer | None = None,
     rngs: nnx.Rngs,
   ):
     if k_schedule == "none":
@@ -101,19 +110,28 @@ class SDM(nnx.Module):
       use_bias=use_bias,
       threshold_method=threshold_method,
     )
-    params = sdm_layer.init(rngs.params(), in_features, self.spec)
+    key = rngs.params()
+    if kernel_init is None:  # PyTorch's nn.Linear init, as the authors' models (`sdm_layer.init`)
+      params = sdm_layer.init(key, in_features, self.spec)
+    else:
+      params = {"kernel": kernel_init(key, (in_features, neurons), param_dtype)}
+      if use_bias:
+        params["bias"] = jnp.zeros((neurons,), param_dtype)
+      params = sdm_layer.project(params, self.spec)
     self.in_features = in_features
-    self.kernel = nnx.Param(params["kernel"])
+    self.dtype, self.param_dtype = dtype, param_dtype
+    self.kernel = nnx.Param(params["kernel"].astype(param_dtype))
     if use_bias:
-      self.bias = nnx.Param(params["bias"])
+      self.bias = nnx.Param(params["bias"].astype(param_dtype))
     self.counts = GabaCounts(sdm_layer.init_counts(self.spec))
     self.deterministic = False
 
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
-    """a* [batch, neurons] of x [batch, ...]; `epoch` (global, may be traced) only for "linear"."""
-    params = {"kernel": self.kernel[...]}
-    if self.spec.use_bias:
-      params["bias"] = self.bias[...]
+    """a* [..., neurons] of x [..., in_features] (the last axis, as `nnx.Linear`); `epoch` (global,
+    may be traced) only for "linear"."""
+    bias = self.bias[...] if self.spec.use_bias else None
+    x, kernel, bias = nnx.nn.dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
+    params = {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
     a_star, counts = sdm_layer.apply(
       params, self.counts[...], x, spec=self.spec, epoch=epoch, train=not self.deterministic
     )
@@ -144,29 +162,29 @@ def _switch(schedule, activations, epochs, dataset_size) -> float:
 
 
 def _sdm_modules(model: nnx.Module):
-  """(path, module) of every `SDM` module in `model`, the path as names."""
-  return [(tuple(str(p) for p in path), module) for path, module in nnx.iter_modules(model) if isinstance(module, SDM)]
+  """(path string, module) of every `SDM` module in `model`, e.g. ('head/sdm', module)."""
+  return [("/".join(str(p) for p in path), m) for path, m in nnx.iter_modules(model) if isinstance(m, SDM)]
 
 
-def sdm_paths(model: nnx.Module) -> list[tuple[str, ...]]:
-  """The paths of the `SDM` modules in `model` (e.g. [('sdm',)]), as `projection_lib.sdm_projection` takes them."""
+def sdm_paths(model: nnx.Module) -> list[str]:
+  """The paths of the `SDM` modules in `model` (e.g. ['sdm']), as `sdm_projection` takes them."""
   return [path for path, _ in _sdm_modules(model)]
 
 
-def projection(model: nnx.Module, *, nonnegative=None) -> optax.GradientTransformation:
-  """`projection_lib.sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and
-  `l2_norm`; put it last in the optax chain. `nonnegative`: paths of other parameters to clamp >= 0
-  (the value layer X_v of a positive SDM, e.g. "out"). Raises ValueError if `model` has no SDM."""
+def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax.GradientTransformation:
+  """`sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and `l2_norm`;
+  put it last in the optax chain. `values`: the value layers to keep >= 0 (X_v of a positive SDM,
+  e.g. "out"; paths, a mask or a function, `sdm_jax.core.paths`). Raises ValueError if `model` has no SDM."""
   groups: dict[tuple[bool, bool], list] = {}
   for path, module in _sdm_modules(model):
     groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(path)
   if not groups:
-    raise ValueError("model: no nnx_layer.SDM module in it")
+    raise ValueError("model: no SDM module in it")
   parts = [
-    projection_lib.sdm_projection(paths, positive=positive, normalize=l2_norm)
-    for (positive, l2_norm), paths in groups.items()
+    projection_lib.sdm_projection(marked, positive=positive, l2_norm=l2_norm)
+    for (positive, l2_norm), marked in groups.items()
     if positive or l2_norm
   ]
-  if nonnegative is not None:
-    parts.append(projection_lib.sdm_projection(nonnegative=nonnegative))
+  if values is not None:
+    parts.append(projection_lib.sdm_projection(values=values))
   return optax.chain(*parts) if parts else optax.identity()

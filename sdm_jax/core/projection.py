@@ -15,7 +15,6 @@ unconstrained parameter; `sdm_projection` applies it to the marked layers of any
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -23,7 +22,8 @@ import optax
 
 from sdm_jax.core import paths, topk
 
-ADDRESS, NONNEGATIVE, FREE = "sdm_address", "sdm_nonnegative", "free"
+#: The labels `sdm_projection` hands to `optax.partition`.
+ADDRESS, VALUES, FREE = "sdm_address", "sdm_values", "free"
 
 
 def project_after_update(projection: Callable) -> optax.GradientTransformation:
@@ -54,53 +54,47 @@ def normalize_addresses(kernel: jax.Array) -> jax.Array:
 
 
 def sdm_projection(
-  addresses: paths.Paths | Callable | None = None,
+  addresses: paths.Marks | None = None,
   *,
-  nonnegative: paths.Paths | None = None,
-  labels: Callable | None = None,
+  values: paths.Marks | None = None,
   positive: bool = True,
-  normalize: bool = True,
+  l2_norm: bool = True,
 ) -> optax.GradientTransformation:
   """The SDM constraint (App. A.5 items 2-4) on the marked layers of any parameter tree; put it last.
 
-  The step lands on projection(params + updates), as `project_after_update`: marked addresses are
-  clamped >= 0 (``positive``) and then renormalised to unit norm per neuron (``normalize``;
-  `normalize_addresses`); leaves marked `nonnegative` (an SDM value layer, X_v >= 0 in the paper)
-  are clamped only; every other parameter's update passes through untouched (`optax.partition`).
+  Marked addresses land on projection(params + updates), as `project_after_update`: clamped >= 0
+  (``positive``), then renormalised to unit norm per neuron (``l2_norm``; `normalize_addresses`).
+  Leaves marked as `values` (an SDM value layer X_v, >= 0 in the paper) are kept >= 0 by
+  `optax.keep_params_nonnegative`. Every other parameter's update passes through untouched
+  (`optax.partition`).
 
   Args:
-    addresses: the SDM layers: a path such as "sdm" or "head/sdm/kernel" (or a tuple of names), or
-      several (`sdm_jax.paths`). Under a marked path every leaf but a "bias" is an address kernel
-      [..., neurons] (the last axis indexes neurons); a bias is only clamped (``positive``).
-    nonnegative: paths whose leaves are only clamped >= 0 (``positive`` must be True).
-    labels: instead of paths, a function params -> a tree of labels, `ADDRESS`, `NONNEGATIVE` or
-      `FREE` per leaf (an optax label function).
-    positive: clamp marked leaves >= 0 (Dale's principle; the ConvSDM of the reference has False).
-    normalize: unit-norm marked addresses.
+    addresses: the SDM layers' address kernels: a path string such as "sdm" or "head/sdm/kernel", a
+      sequence of them, a mask pytree, or a function params -> mask (`sdm_jax.core.paths`). Every
+      marked leaf but one named "bias" is an address kernel [..., neurons] (the last axis indexes
+      neurons); a marked bias is only clamped (``positive``).
+    values: the value layers to keep >= 0, marked the same way (needs ``positive``).
+    positive: clamp marked leaves >= 0 (Dale's principle; the reference's ConvSDM has False).
+    l2_norm: unit-norm marked addresses.
 
-  Paths are checked at `init` (and each `update`, at trace time): a marked path that matches no
-  parameter, or an address that is not at least 2-D, raises ValueError naming it.
+  Marks are checked at `init` (and each `update`, at trace time): a path that matches no parameter,
+  a mask of another structure, or an address that is not at least 2-D raises ValueError naming it.
   """
-  marks = {ADDRESS: paths.as_paths(addresses, "addresses"), NONNEGATIVE: paths.as_paths(nonnegative, "nonnegative")}
-  if labels is None and callable(addresses):
-    raise ValueError("addresses: pass a label function as labels=, paths as addresses=")
-  if labels is None and not (marks[ADDRESS] or marks[NONNEGATIVE]):
-    raise ValueError("addresses: mark at least one layer (a path such as 'sdm') or pass labels=")
-  if marks[NONNEGATIVE] and not positive:
-    raise ValueError("nonnegative: clamping needs positive=True")
+  if addresses is None and values is None:
+    raise ValueError("addresses: mark at least one layer (a path such as 'sdm', a mask or a function)")
+  if values is not None and not positive:
+    raise ValueError("values: keeping value layers >= 0 needs positive=True")
 
   def label_fn(params):
-    if labels is not None:
-      return _checked_address_labels(labels(params), params)
-    for label, argument in ((ADDRESS, "addresses"), (NONNEGATIVE, "nonnegative")):
-      paths.require(params, marks[label], argument)
-    tree = paths.labels(params, marks, default=FREE)
+    address = paths.mask(addresses, params, "addresses")
+    value = paths.mask(values, params, "values")
+    tree = jax.tree.map(lambda a, v: ADDRESS if a else VALUES if v else FREE, address, value)
     return _checked_address_labels(tree, params)
 
   def project_address(key_path, p):
     if positive:
       p = jax.nn.relu(p)
-    if normalize and _is_address(key_path):
+    if l2_norm and _is_address(key_path):
       p = normalize_addresses(p)
     return p
 
@@ -110,7 +104,7 @@ def sdm_projection(
   return optax.partition(
     {
       ADDRESS: project_after_update(address_projection),
-      NONNEGATIVE: project_after_update(functools.partial(jax.tree.map, jax.nn.relu)),
+      VALUES: optax.keep_params_nonnegative(),
       FREE: optax.identity(),
     },
     label_fn,
@@ -118,7 +112,7 @@ def sdm_projection(
 
 
 def _is_address(key_path) -> bool:
-  """Under a marked path every leaf but one named 'bias' is an address kernel."""
+  """Every marked leaf but one named 'bias' is an address kernel."""
   path = paths.path_of(key_path)
   return not path or path[-1] != "bias"
 

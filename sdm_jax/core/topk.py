@@ -46,8 +46,7 @@ def l2_normalize(x: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def sdm_input(x: jax.Array, *, positive: bool = True, normalize: bool = True) -> jax.Array:
-  """SDM input processing (paper Alg. 1): ReLU, then unit L2 norm per example."""
-  x = x.reshape(x.shape[0], -1)
+  """SDM input processing (paper Alg. 1): ReLU, then unit L2 norm per example (the last axis)."""
   if positive:
     x = jax.nn.relu(x)
   if normalize:

@@ -247,7 +247,7 @@ def sdm_head_optimizer(
   if head.uses_topk and head.constrained:
     parts.append(
       projection.sdm_projection(
-        "sdm", nonnegative="out" if head.positive else None, positive=head.positive, normalize=head.l2_norm
+        "sdm", values="out" if head.positive else None, positive=head.positive, l2_norm=head.l2_norm
       )
     )
   return optax.chain(*parts)

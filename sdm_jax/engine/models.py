@@ -144,6 +144,7 @@ def hidden_activations(
 ) -> jax.Array:
   """a* of Eq. 4 / Eq. 12 (or plain ReLU), shape [batch, neurons]: `sdm_layer.activations` (k and T
   may be a population member's traced values)."""
+  x = x.reshape(x.shape[0], -1)  # an MLP: every example's features flattened
   return sdm_layer.activations(
     params["hidden"], x, spec=spec.hidden, k=k, counts=gaba_counts, switch_activations=switch_activations
   )

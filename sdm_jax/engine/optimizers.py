@@ -49,12 +49,14 @@ def base_optimizer(
     return optax.adamw(learning_rate, weight_decay=weight_decay)
   # Lazy variants (sdm_jax/core/lazy.py): a neuron silent for the whole batch keeps its optimiser
   # state and gets no update, the cure for stale momentum the paper proposes (App. "Stale Momentum").
+  # Per neuron on the one-hidden-layer models' params ({'hidden': addresses, 'output': values}).
+  activity = lazy.layer_activity("hidden", values="output")
   if name == "lazy_sgdm":
-    return lazy.lazy_sgdm(learning_rate, momentum=momentum)
+    return lazy.lazy_sgdm(learning_rate, momentum=momentum, activity_fn=activity)
   if name == "lazy_adam":
-    return lazy.lazy_adam(learning_rate)
+    return lazy.lazy_adam(learning_rate, activity_fn=activity)
   if name == "lazy_rmsprop":
-    return lazy.lazy_rmsprop(learning_rate)
+    return lazy.lazy_rmsprop(learning_rate, activity_fn=activity)
   raise ValueError(f"optimizer.name must be one of {OPTIMIZERS}, got {name!r}")
 
 

@@ -291,7 +291,7 @@ def train_step_with_penalty(
   statistics at the new addresses (`Penalty.row_stats`), so that the next step of the same block
   reads θ, A and m once for the rows only the penalty moves (CPU kernel). Same results, bit for bit."""
   # Padded examples get x = 0: no unit fires for them, so they take no slot.
-  x = topk.sdm_input(x) * valid[:, None].astype(jnp.float32)
+  x = topk.sdm_input(x.reshape(x.shape[0], -1)) * valid[:, None].astype(jnp.float32)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions
   # then run across contiguous batch entries.
   a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
