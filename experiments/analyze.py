@@ -52,7 +52,7 @@ try:  # the `analysis` extra: without it --help works, and main() says what to i
 except ImportError:
   matplotlib = plt = None
 
-from sdm_jax.engine import analysis
+from sdm_jax.engine import analysis, metrics
 from sdm_jax.runs import final_state
 from experiments import cli, schema
 
@@ -306,7 +306,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     num_examples=len(y),
     entropy_summary=analysis.summarize_entropy(entropies),
     alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
-    dead=analysis.mean_sem([analysis.dead_fraction(s.activity_sum) for s in stats]),
+    dead=analysis.mean_sem([metrics.dead_fraction(s.activity_sum) for s in stats]),
     active=analysis.mean_sem([s.active_per_example for s in stats]),
   )
   kernel = params["hidden"]["kernel"][0]

@@ -181,7 +181,7 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("matmul_precision", f"must be one of {MATMUL_PRECISIONS}, got {config.matmul_precision!r}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
-  # The rules `continual.fit` applies to its arguments too (seeds: `_validate_values`).
+  # The rules `fit.fit` applies to its arguments too (seeds: `_validate_values`).
   validation.check_schedule("config.", config.epochs_per_task, config.eval_every, config.batch_size)
   if not 0.0 <= config.get("validation_fraction", 0.0) <= 0.5:
     _fail("validation_fraction", f"must be in [0, 0.5], got {config.validation_fraction}")
@@ -438,7 +438,7 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
     )
   # No label lies outside 0..num_classes-1 (its examples would be dropped) and, when the classes are
   # split into several tasks, every class has training examples (else a task would train on nothing):
-  # what `continual.fit` checks of y. One task over every class (a pretrain) trains on the classes
+  # what `fit.fit` checks of y. One task over every class (a pretrain) trains on the classes
   # present, as a pretrain on a sample of ImageNet32 or on TFDS mock data does.
   where = f"the training data of {config.dataset} ({dataset.get('source', config.data_dir)})"
   several_tasks = config.classes_per_task < config.num_classes

@@ -96,7 +96,7 @@ def dead_on_test_set(workdir: pathlib.Path, config) -> list[float]:
       num_classes=config.num_classes,
       gaba_counts=gaba_counts[i],
     )
-    dead.append(analysis.dead_fraction(stats.activity_sum))
+    dead.append(metrics.dead_fraction(stats.activity_sum))
   return dead
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
-from sdm_jax.engine import analysis, continual, models
+from sdm_jax.engine import analysis, continual, metrics, models
 from sdm_jax.runs import final_state
 from experiments import schema
 
@@ -85,8 +85,8 @@ def test_neuron_entropy_limits():
 
 def test_dead_and_alive_fractions():
   activity = np.array([0.0, 5e-5, 1e-4, 2.0])  # 1e-4 itself is not dead: the rule is "< 1e-4"
-  assert analysis.dead_fraction(activity) == 0.5
-  np.testing.assert_allclose(analysis.dead_fraction(np.stack([activity, np.ones(4)])), [0.5, 0.0])
+  assert metrics.dead_fraction(activity) == 0.5
+  np.testing.assert_allclose(metrics.dead_fraction(np.stack([activity, np.ones(4)])), [0.5, 0.0])
   counts = np.array([[0, 1, 0, 3], [0, 0, 0, 1]])
   assert analysis.alive_fraction(counts) == 0.5
   assert analysis.alive_fraction(np.array([0, 1, 2])) == pytest.approx(2 / 3)

@@ -25,7 +25,7 @@ import pytest
 from experiments import driver
 from experiments.configs import split_mnist
 from sdm_jax import data
-from sdm_jax.engine import continual
+from sdm_jax.engine import fit
 from sdm_jax.runs import final_state, metric_writers
 from sdm_jax.data import embeddings
 
@@ -109,11 +109,11 @@ def test_sdmlp_beats_relu_on_split_mnist():
   the last task (about 0.2 of the test set); the SDMLP (Top-K with the GABA switch, positive
   weights, L2-normalised addresses) keeps part of the earlier tasks and ends well above it.
 
-  Broken on purpose, it fails: with Top-K off (k = neurons) the SDMLP forgets like the ReLU MLP."""
+  Broken on purpose, it fails: with Top-K off (model k_schedule 'none') the SDMLP forgets like the ReLU MLP."""
   x, y, tx, ty = _mnist()
   final = {}
   for model in ("sdmlp", "relu"):
-    results = continual.fit(
+    results = fit.fit(
       x,
       y,
       test_x=tx,
@@ -125,7 +125,7 @@ def test_sdmlp_beats_relu_on_split_mnist():
       learning_rate=0.2,
       gaba_switch_epochs=0.5,
     )
-    final[model] = results["per_seed"][0]
+    final[model] = results.per_seed[0]
   relu, sdmlp = final["relu"], final["sdmlp"]
   assert relu["final_accuracy"] < 0.21 and relu["acc_matrix"][-1][-1] > 0.9  # learns each task, forgets it
   assert sdmlp["final_accuracy"] > relu["final_accuracy"] + 0.08, (sdmlp["final_accuracy"], relu["final_accuracy"])

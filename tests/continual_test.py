@@ -9,12 +9,13 @@ import time
 import tracemalloc
 
 import numpy as np
+import optax
 import pytest
 
 from experiments.configs import split_mnist
 from sdm_jax import data
 from sdm_jax.core import sdm_layer
-from sdm_jax.engine import continual, models, optimizers, regularizers, train
+from sdm_jax.engine import continual, fit, models, optimizers, regularizers, train
 from sdm_jax.runs import metric_writers
 from sdm_jax.runs import workdir as workdir_lib
 from experiments import driver, schema
@@ -55,7 +56,7 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
   configured = driver.train_and_evaluate(config, tmp_path / "run")
   mnist = data.load_dataset("mnist")
   spec = schema.model_spec(config)
-  fitted = continual.fit(
+  fitted = fit.fit(
     mnist["train_images"],
     mnist["train_labels"],
     test_x=mnist["test_images"],
@@ -67,10 +68,10 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
     seeds=(0, 1),
     workdir=tmp_path / "fit",
   )
-  for a, b in zip(configured["per_seed"], fitted["per_seed"]):
+  for a, b in zip(configured["per_seed"], fitted.per_seed):
     np.testing.assert_array_equal(a["acc_matrix"], b["acc_matrix"])
   assert (tmp_path / "fit" / "metrics.csv").read_text() == (tmp_path / "run" / "metrics.csv").read_text()
-  assert fitted["curves"] == metric_writers.read_rows(tmp_path / "run" / "metrics.csv")
+  assert list(fitted.curves) == metric_writers.read_rows(tmp_path / "run" / "metrics.csv")
 
 
 @pytest.mark.slow
@@ -79,12 +80,10 @@ def test_a_fixed_t_too_large_for_small_data_warns(tmp_path):
   sklearn_datasets = pytest.importorskip("sklearn.datasets")
   digits = sklearn_datasets.load_digits()
   spec = models.sdmlp(64, 200, 10, switch_activations=5e5)
-  results = continual.fit(digits.data / 16.0, digits.target, model=spec, epochs_per_task=5, batch_size=32)
-  assert len(results["warnings"]) == 5 and "GABA switch incomplete" in results["warnings"][0]
-  scaled = continual.fit(
-    digits.data / 16.0, digits.target, model="sdmlp", neurons=200, epochs_per_task=5, batch_size=32
-  )
-  assert scaled["warnings"] == []
+  results = fit.fit(digits.data / 16.0, digits.target, model=spec, epochs_per_task=5, batch_size=32)
+  assert len(results.warnings) == 5 and "GABA switch incomplete" in results.warnings[0]
+  scaled = fit.fit(digits.data / 16.0, digits.target, model="sdmlp", neurons=200, epochs_per_task=5, batch_size=32)
+  assert scaled.warnings == ()
 
 
 def test_split_tasks_pads_and_stacks_orders():
@@ -191,7 +190,11 @@ FIT_REFUSALS = {
   ),
   "unknown model": (dict(model="mlp"), r"model: must be a models\.ModelSpec or one of"),
   "a ModelSpec for other inputs": (dict(model=models.sdmlp(784, 20, 4)), r"model: input_size 784 does not match the 3"),
-  "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be one of"),
+  "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be an optax.GradientTransformation or one of"),
+  "learning_rate with an optax optimizer": (
+    dict(optimizer=optax.sgd(0.1), learning_rate=0.1),
+    r"learning_rate: belongs inside the optax transformation",
+  ),
   "learning_rate 0": (dict(learning_rate=0.0), r"learning_rate: must be > 0, got 0\.0"),
   "a regulariser of strength 0": (
     dict(regularizer=regularizers.RegularizerSpec("ewc", 0.0)),
@@ -206,7 +209,7 @@ def test_fit_refuses_bad_input_naming_the_argument_before_anything_is_compiled_o
   args = _small(**changes)
   start = time.perf_counter()
   with pytest.raises(ValueError, match="^" + match):
-    continual.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
+    fit.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
   assert time.perf_counter() - start < 1.0
   assert not (tmp_path / "run").exists()
 
@@ -222,12 +225,12 @@ def test_fit_refuses_a_workdir_it_cannot_use(tmp_path):
   file = tmp_path / "file"
   file.write_text("x")
   with pytest.raises(ValueError, match=f"^workdir {file} is a file, not a directory"):
-    continual.fit(args.pop("x"), args.pop("y"), workdir=file, **args)
+    fit.fit(args.pop("x"), args.pop("y"), workdir=file, **args)
   args = _small()
   with workdir_lib.hold(tmp_path / "run"):  # another run on it
     start = time.perf_counter()
     with pytest.raises(ValueError, match=f"^workdir {tmp_path / 'run'} is in use by another run \\(pid {os.getpid()}"):
-      continual.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
+      fit.fit(args.pop("x"), args.pop("y"), workdir=tmp_path / "run", **args)
     assert time.perf_counter() - start < 1.0
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["run.lock"]  # (the holder's)
 
@@ -254,3 +257,18 @@ def test_the_block_schedule_is_produced_as_it_is_consumed():
   _, peak = tracemalloc.get_traced_memory()
   tracemalloc.stop()
   assert progress.blocks_done == 3 and peak < 2**20  # (the list was 2**31 tuples: > 100 GB)
+
+
+def test_fit_takes_an_optax_transformation_and_adds_the_projection():
+  """An optax chain for `optimizer`: the same run as the authors' optimiser by name (clip 1.0, SGD
+  0.05, projection appended), and a typed result."""
+  args = _small()
+  x, y = args.pop("x"), args.pop("y")
+  by_name = fit.fit(x, y, **args)
+  given = fit.fit(x, y, optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05)), **args)
+  np.testing.assert_array_equal(by_name.acc_matrix, given.acc_matrix)
+  assert (
+    by_name.acc_matrix.shape == (1, 2, 2)
+    and by_name.final_accuracy == by_name.results["summary"]["final_accuracy_mean"]
+  )
+  assert len(by_name.curves) == 2 and by_name.per_seed[0]["seed"] == 0

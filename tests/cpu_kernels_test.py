@@ -319,9 +319,9 @@ def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
   state = jax.tree.map(lambda a: a[0], _switched_states(spec, optimizers.make_optimizer("sgd", 0.1), [0]))
   state = state.replace(params=sparse.to_neuron_major(state.params))
   xb, yb, valid = train.to_float_input(x[0, :32]), y[0, :32], jnp.ones(32, bool)
-  step = jax.jit(sparse.train_step, static_argnames=("spec", "sgd"))
-  auto, _ = step(state, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0))
-  forced, _ = step(state, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0, kernel="xla"))
+  step = jax.jit(sparse.train_step_with_penalty, static_argnames=("spec", "sgd"))
+  auto, *_ = step(state, None, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0))
+  forced, *_ = step(state, None, xb, yb, valid, spec=spec, sgd=sparse.SparseSGD(0.1, 1.0, kernel="xla"))
   chex.assert_trees_all_close(auto.params, forced.params, atol=0)
 
 

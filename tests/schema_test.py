@@ -6,7 +6,7 @@ import pytest
 
 from experiments import schema
 from experiments.configs import split_fashion_mnist, split_mnist
-from sdm_jax.engine import continual, models, regularizers
+from sdm_jax.engine import fit, models, regularizers
 
 
 @pytest.mark.parametrize("variant", split_mnist.VARIANTS)
@@ -108,7 +108,7 @@ def _refusal(run) -> str:
 )
 def test_the_config_and_fit_refuse_with_the_same_rule(name, config_fields, fit_args):
   """One validation for both doors (sdm_jax/engine/validation.py): the same message, naming
-  config.<field> for a config and the argument for `continual.fit`."""
+  config.<field> for a config and the argument for `fit.fit`."""
   config = split_mnist.get_config("sdmlp,tiny")
   for field, value in config_fields.items():
     node, *path = config, *field.split(".")
@@ -118,7 +118,7 @@ def test_the_config_and_fit_refuse_with_the_same_rule(name, config_fields, fit_a
       node[path[-1]] = value
   x, y = np.random.default_rng(0).normal(size=(100, 3)), np.repeat(np.arange(10), 10)
   from_config = _refusal(lambda: schema.validate_config(config))
-  from_fit = _refusal(lambda: continual.fit(x, y, **{"neurons": 50, "batch_size": 5, **fit_args}))
+  from_fit = _refusal(lambda: fit.fit(x, y, **{"neurons": 50, "batch_size": 5, **fit_args}))
   assert from_config.startswith(f"config.{name}: ")
   assert from_fit.startswith(name.split(".")[-1] + ": ")
   assert from_config.split(": ", 1)[1] == from_fit.split(": ", 1)[1]

@@ -148,10 +148,10 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
   sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
-  fast_step = jax.jit(functools.partial(sparse.train_step, spec=spec, sgd=sgd))
-  fast, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), xb, yb, valid)
+  fast_step = jax.jit(functools.partial(sparse.train_step_with_penalty, spec=spec, sgd=sgd))
+  fast, _, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), None, xb, yb, valid)
   assert int(stats[-1]) == 1  # the step was exact
-  chex.assert_trees_all_close(dense.params, sparse.to_input_major(fast.params), atol=1e-6)
+  chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
 
 
 @pytest.mark.slow

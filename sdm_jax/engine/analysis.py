@@ -19,7 +19,7 @@ Synopsis::
                                        gaba_counts=gaba_counts[0])
     ent = analysis.neuron_class_entropy(stats.counts_entropy)
     print(ent.weighted_mean, ent.mean, ent.median)     # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
-    print(analysis.alive_fraction(stats.counts), analysis.dead_fraction(stats.activity_sum))
+    print(analysis.alive_fraction(stats.counts), metrics.dead_fraction(stats.activity_sum))
     curves = analysis.curves_over_seeds(metric_writers.read_rows(f"{run}/metrics.csv"))
 
 Everything here computes; nothing plots (experiments/analyze.py draws the
@@ -54,13 +54,11 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from sdm_jax.engine import metrics
 from sdm_jax.runs import metric_writers
 
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
 COUNT_THRESHOLD = 0.0  #: counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
 ENTROPY_THRESHOLD = 1e-3  #: neuron entropy: activation > 0.001 (the notebook's entropy cell)
-DEAD_ACTIVITY_THRESHOLD = metrics.DEAD_ACTIVITY_THRESHOLD  #: dead: summed activation < 1e-4
 ZERO_PROBABILITY = 1e-15  #: put in place of p = 0 before p ln p (the notebook's entropy cell)
 UMAP_MIN_ACTIVATIONS = 10  #: neurons with <= 10 activations are left out of the UMAP plots (the notebook)
 
@@ -161,22 +159,6 @@ def neuron_class_entropy(counts) -> NeuronEntropy:
     weighted_mean=float(np.sum(share[active] * h_active)),
     num_active=int(active.sum()),
   )
-
-
-def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD) -> np.ndarray | float:
-  """Fraction of neurons whose summed activation over a set of inputs is < 1e-4.
-
-  The authors' dead-neuron test (docs/reference_code.md#dead-neurons).
-
-  Args:
-    activity_sum: [..., r] summed post-Top-K activation of each neuron.
-    threshold: the reference's `active_threshold`.
-
-  Returns:
-    The fraction over the last axis (a float for a 1-D input).
-  """
-  out = np.mean(np.asarray(activity_sum) < threshold, axis=-1)
-  return float(out) if np.ndim(out) == 0 else out
 
 
 def alive_fraction(counts) -> float:

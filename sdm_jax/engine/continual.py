@@ -2,17 +2,10 @@
 
 No config and no files here. Two drivers use `run`: `driver.train_and_evaluate`
 (a config in, a workdir out: checkpoints, CSV, TensorBoard, results.json) and
-`fit` (your own arrays in, the results dict out).
+`sdm_jax.engine.fit.fit` (your own arrays in, a `FitResult` out).
 
-Synopsis::
+Synopsis (the pieces, as the drivers use them)::
 
-    from sdm_jax.engine import continual
-    results = continual.fit(x, y, test_x=x_test, test_y=y_test, model="sdmlp", classes_per_task=2,
-                            epochs_per_task=50, batch_size=32, seeds=(0, 1, 2))
-    results["summary"]["final_accuracy_mean"]      # accuracy on every test class after the last task
-    results["per_seed"][0]["acc_matrix"]           # [after task i][on task j]
-
-    # or the pieces, as the drivers use them:
     tasks = continual.split_tasks(dataset, orders=[range(10)], classes_per_task=2)
     engine = continual.make_engine(spec, tx, schedule, seed_axis=tasks.seed_axis)
     progress = continual.Progress.start(num_seeds=1, num_tasks=tasks.num_tasks)
@@ -22,10 +15,8 @@ Synopsis::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import json
 import pathlib
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -35,10 +26,9 @@ import numpy as np
 import optax
 
 from sdm_jax import data as data_lib
-from sdm_jax.core import sdm_layer, topk
-from sdm_jax.engine import metrics, models, optimizers, regularizers, sparse, train, validation
+from sdm_jax.core import topk
+from sdm_jax.engine import metrics, models, regularizers, sparse, train, validation
 from sdm_jax.runs import metric_writers
-from sdm_jax.runs import workdir as workdir_lib
 
 #: The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
 CURVE_FIELDS = (
@@ -526,156 +516,6 @@ def population_summary(per_seed: Sequence[dict], fields: Sequence[str]) -> list[
     dict(values=dict(zip(fields, key)), seeds=[e["seed"] for e in group], **_final_summary(group))
     for key, group in groups.items()
   ]
-
-
-#: The model names `fit` takes besides a `models.ModelSpec`.
-FIT_MODELS = ("sdmlp", "relu", "topk")
-
-
-def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.ModelSpec:
-  """The model `fit` trains (its fields checked by the specs; a `fit` argument's error names it,
-  a ModelSpec's names model.<field>); SDMLP's GABA T is set once the tasks are known."""
-  if isinstance(model, models.ModelSpec):
-    if model.input_size != input_size:
-      validation.fail("model", f"input_size {model.input_size} does not match the {input_size} features of x")
-    if model.num_classes != num_classes:
-      validation.fail("model", f"num_classes {model.num_classes} does not match the {num_classes} classes of y")
-    return model
-  if model not in FIT_MODELS:
-    validation.fail("model", f"must be a models.ModelSpec or one of {FIT_MODELS}, got {model!r}")
-  validation.check_int("neurons", neurons)
-  make = dict(sdmlp=models.sdmlp, relu=models.relu_mlp, topk=models.topk_mlp)[model]
-  try:
-    return make(input_size, neurons, num_classes) if model == "relu" else make(input_size, neurons, num_classes, k=k)
-  except sdm_layer.SpecError as e:
-    validation.fail(e.field, e.message)
-
-
-def _fit_arrays(x, y, test_x, test_y, class_order) -> tuple[dict, list[int]]:
-  """The dataset `fit` splits into tasks, and its class order, checked (`validation`)."""
-  x = validation.check_features("x", x)
-  y = validation.check_labels("y", y, len(x), "x")
-  if (test_x is None) != (test_y is None):
-    given, other = ("test_x", "test_y") if test_y is None else ("test_y", "test_x")
-    validation.fail(given, f"given without {other}: pass both (the test split), or neither (evaluate on x, y)")
-  num_classes = int(y.max()) + 1
-  validation.check_classes(
-    "y",
-    y,
-    num_classes,
-    where="y",
-    note=f" (labels must be 0..C-1, every class with examples; C = {num_classes} from label "
-    f"{num_classes - 1}, example {int(np.argmax(y))})",
-  )
-  if test_x is None:
-    test_x, test_y = x, y
-  else:
-    test_x = validation.check_features("test_x", test_x, like=x)
-    test_y = validation.check_labels("test_y", test_y, len(test_x), "test_x")
-    validation.check_classes("test_y", test_y, num_classes, where="the test split", every_class=False)
-  order = list(range(num_classes)) if class_order is None else class_order
-  order = validation.check_class_order("class_order", order, num_classes)
-  dataset = dict(train_images=x, train_labels=y, test_images=test_x, test_labels=test_y, source="arrays")
-  return dataset, order
-
-
-def _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer) -> None:
-  if optimizer not in optimizers.OPTIMIZERS:
-    validation.fail("optimizer", f"must be one of {optimizers.OPTIMIZERS}, got {optimizer!r}")
-  validation.check_number("learning_rate", learning_rate, low=0.0, low_open=True)
-  if clip_norm is not None:
-    validation.check_number("clip_norm", clip_norm, low=0.0)
-  if gaba_switch_epochs is not None:
-    validation.check_number("gaba_switch_epochs", gaba_switch_epochs, low=0.0, low_open=True)
-  if regularizer is not None:
-    if not isinstance(regularizer, regularizers.RegularizerSpec):
-      validation.fail("regularizer", f"must be a regularizers.RegularizerSpec or None, got {regularizer!r}")
-    validation.check_regularizer(regularizer, "regularizer.", allow_none=False)
-
-
-def fit(
-  x,
-  y,
-  *,
-  test_x=None,
-  test_y=None,
-  classes_per_task: int = 2,
-  class_order: Sequence[int] | None = None,
-  model: models.ModelSpec | str = "sdmlp",
-  neurons: int = 1000,
-  k: int = 10,
-  gaba_switch_epochs: float | None = None,
-  regularizer: regularizers.RegularizerSpec | None = None,
-  optimizer: str = "sgd",
-  learning_rate: float = 0.05,
-  clip_norm: float | None = 1.0,
-  epochs_per_task: int = 50,
-  eval_every: int | None = None,
-  batch_size: int = 128,
-  seeds: Sequence[int] = (0,),
-  workdir: str | None = None,
-) -> dict:
-  """Your own arrays through the class-incremental protocol; returns the results (`summarize`) and
-  `curves`, the rows that metrics.csv holds (one per seed per evaluation).
-
-  x: [N, ...] features or uint8 pixels (uint8 is scaled by 1/255, as MNIST); y: [N] integer
-  labels 0..C-1. Without a test split the training data is evaluated on (say so when you report).
-  Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
-  "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
-  `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
-  task's training examples. The optimiser gets the SDM projection when the model needs it
-  (`optimizers.for_model`); `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
-  Seeds are one compiled program. `workdir`: also write results.json, metrics.csv and TensorBoard
-  event files there, as a configured run does (for checkpoints and resuming, save the arrays with
-  `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`); one run
-  at a time per workdir (`workdir.hold`).
-
-  Every argument is checked first, with the config schema's rules (`sdm_jax.engine.validation`): x and
-  test_x finite numbers of one feature shape; y and test_y integer labels, one per example, y
-  holding every class of 0..C-1 and test_y no other; test_x with test_y; class_order each class
-  once; classes_per_task dividing C; 1 <= k < neurons; positive counts, eval_every dividing
-  epochs_per_task, batch_size at most the smallest task, a run within the int32 epoch and step
-  counters; distinct integer seeds; a writable workdir no other run holds. A bad one raises
-  ValueError naming the argument (and the example), before anything is compiled or written.
-  """
-  dataset, order = _fit_arrays(x, y, test_x, test_y, class_order)
-  validation.check_classes_per_task("classes_per_task", classes_per_task, len(order))
-  eval_every = epochs_per_task if eval_every is None else eval_every
-  validation.check_schedule("", epochs_per_task, eval_every, batch_size)
-  seeds = list(validation.check_seeds("seeds", seeds))
-  features = int(np.prod(dataset["train_images"].shape[1:]))
-  spec = _model_spec(model, features, len(order), neurons, k)
-  _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer)
-  if workdir is not None:
-    workdir_lib.check_writable(workdir)
-    workdir_lib.check_free(workdir)
-  tasks = split_tasks(dataset, [order] * len(seeds), classes_per_task, seed_axis=False)
-  schedule = Schedule(epochs_per_task, eval_every, batch_size)
-  check_batch_size(tasks, batch_size)
-  check_counters(tasks, schedule)
-  if not isinstance(model, models.ModelSpec) and spec.hidden.k_schedule == "gaba":
-    switch = GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
-    hidden = dataclasses.replace(spec.hidden, switch_activations=gaba_switch_activations(tasks, switch))
-    spec = dataclasses.replace(spec, hidden=hidden)
-  with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
-    return _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir)
-
-
-def _fit_run(spec, tasks, schedule, seeds, optimizer, learning_rate, clip_norm, regularizer, workdir) -> dict:
-  """`fit` once its arguments are checked: build, train, summarise (and write, given a workdir)."""
-  tx = optimizers.for_model(spec, optimizer, learning_rate, clip_norm=clip_norm)
-  states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
-  engine = make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
-  progress = Progress.start(len(seeds), tasks.num_tasks)
-  writer, curves = curve_writers(workdir, tasks.num_tasks), []
-  for states, block in run(engine, states, tasks, schedule, seeds, progress):
-    writer.write_rows(block.rows)
-    curves += block.rows
-  writer.close()
-  results = summarize(progress, tasks, seeds, schedule.blocks_per_task)
-  if workdir is not None:
-    (pathlib.Path(workdir) / "results.json").write_text(json.dumps(results, indent=2))
-  return dict(results, curves=curves)
 
 
 def curve_writers(

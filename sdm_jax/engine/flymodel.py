@@ -36,14 +36,7 @@ between equal scores (first class id here, first stacked row there), e.g. for
 an all-zero code. A constant input (max = min) gives an all-zero code here and
 NaN in the notebook (0/0).
 
-Measured 2026-11-22 on a 2-core CPU VM, ordinal 5-task Split MNIST, all
-60K/10K images, final accuracy on the full test set (keys 0 / 1):
-
-  10K KCs, n_response 32, lr 0.01:  0.9073 / 0.9092 (paper Table 7: 0.91;
-    reference CSV 90.6 %); `run_split` 12.0 s including compilation, 9.8 s
-    warm (~21 s while another job used the CPUs).
-  1K KCs, n_response 32, lr 0.005:  0.7683 / 0.7705 (reference CSV 75.2 %;
-    paper 0.77, listed with n_response 64); 2.8 s, 1.1 s warm.
+Measured accuracy and run time: experiments/results/split_mnist_full/README.md (FlyModel).
 
 Call `encode`, `learn_task` and `predict` under `jax.jit`: run eagerly,
 every op is dispatched (and compiled) on its own.

@@ -26,6 +26,25 @@ import numpy as np
 DEAD_ACTIVITY_THRESHOLD = 1e-4
 
 
+def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD):
+  """The one definition of dead neurons: the fraction whose summed activation over a set of inputs
+  is < 1e-4 (the authors' test, TrentBrick/SDMContinualLearner; docs/reference_code.md#dead-neurons).
+
+  Args:
+    activity_sum: [..., r] summed post-Top-K activation of each neuron (numpy or JAX, traced too).
+    threshold: the reference's `active_threshold`.
+
+  Returns:
+    The fraction over the last axis: a Python float for a 1-D numpy input, else an array.
+  """
+  out = (
+    (activity_sum < threshold).mean(-1)
+    if hasattr(activity_sum, "mean")
+    else np.mean(np.asarray(activity_sum) < threshold, axis=-1)
+  )
+  return float(out) if isinstance(out, np.floating) else out
+
+
 def sem(values) -> float:
   """Standard error of the mean over seeds (ddof = 1); 0 for a single value."""
   values = np.asarray(values, dtype=float)

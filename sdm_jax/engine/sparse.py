@@ -27,8 +27,8 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
 3. d X_a, clipping and the update (`SparseSGD.kernel`):
    - on CPU (default when it builds): one XLA FFI custom call in C++ (`cpu_kernels.sparse_update`,
      `csrc/sparse_step.cc`) that groups the slots by neuron, sums each touched neuron's gradient
-     row as one axpy of length n per slot (1.3M multiply-adds at 1K or 10K neurons, batch 128,
-     k = 10, instead of a 50M dense matmul at 1K), adds the penalty's gradient on the rows whose A
+     row as one axpy of length n per slot (work in proportion to the units that fired, not to
+     the layer), adds the penalty's gradient on the rows whose A
      is not zero (`cpu_kernels.sparse_update_penalized`), takes the exact global norm from those
      rows, and clips, steps, clamps and normalises them in place (the addresses buffer is aliased
      to the result: no copy). A row only the penalty moves is read and written once per step:
@@ -52,8 +52,8 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
    rows the slots touched (g_si is zero elsewhere), in the same kernel call.
 
 The addresses (and a penalty's A and m) are carried neuron-major ([r, n]) inside a block of
-epochs, so a neuron's address is a contiguous row (XLA:CPU scatters rows ~4x faster than
-columns); `train.make_train_block` transposes in and out once per block.
+epochs, so a neuron's address is a contiguous row (rows scatter faster than columns);
+`train.make_train_block` transposes in and out once per block.
 
 A batch with more active units than the slots hold (early in the switch, lambda = -1 makes
 every unit fire), or that touches more distinct neurons than the compact XLA path holds, is
@@ -61,10 +61,9 @@ flagged, and `train.run_block` redoes the whole block of epochs with the dense s
 of the state, so results are always exact. The dense path (`train.train_step`) stays for
 momentum optimisers, biases, dropout, masks and linear annealing.
 `tests/sparse_test.py` checks the two agree to 1e-5, through the switch, beyond k active units
-per example, with every penalty, with neurons shared across a batch. Measured on CPU only
-(benchmarks/README.md); the experiment runner uses it on CPU (`lax.map` over seeds) only.
-`tests/cpu_kernels_test.py` checks the CPU kernels against numpy and the XLA paths, under `vmap`
-and `lax.map`, and the fallback when they cannot be built.
+per example, with every penalty, with neurons shared across a batch; `tests/cpu_kernels_test.py`
+the CPU kernels against numpy and the XLA paths. The experiment runner uses it on CPU (`lax.map`
+over seeds) only; its speed is in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -90,13 +89,11 @@ class SparseSGD(NamedTuple):
 
   `max_active`: the mean number of active units per example the step's slots hold, i.e.
   B * max_active slots for the batch's total (default max(8k, k + 64), at most the neurons;
-  at least k). One example may take any share of them: the main job's examples have mean
-  10.4, p99 20 and maximum 295 active units after the switch (k = 10), which a per-example
-  capacity would either drop or pay for on every example; in the first epochs of each new task
-  the mean rises to 30-40 (neurons short of lambda = +1 fire on the new digits), and near the end
-  of the switch to 50-70. The slots' XLA work (logits, output layer) grows with their number:
-  an epoch at 1K neurons costs 4% more with 80 than with 42 per example, 18% more with 128 than
-  with 16 (2-core CPU). A batch with more active units in
+  at least k). One example may take any share of them: after the switch most examples fire about
+  k units and a few many more, which a per-example capacity would either drop or pay for on every
+  example; the mean rises for the first epochs of a new task (neurons short of lambda = +1 fire on
+  the new data) and near the end of the switch. The slots' XLA work (logits, output layer) grows
+  with their number (benchmarks/README.md). A batch with more active units in
   all is flagged, and `train.run_block` redoes its block with the dense step, so the result is
   always exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and
   the FFI path's logits and output layer, in proportion to the slots.
@@ -105,7 +102,7 @@ class SparseSGD(NamedTuple):
   slot. n > 0: the distinct neurons of the batch (at most n; more is flagged like the slots)
   are gathered once, their gradient rows are one [n, B] @ [B, inputs] matmul, and each is
   written once. None (default): the compact path when the slots outnumber the neurons (a
-  small layer: B * k >= r, 1K neurons; ~1.3x faster per step) with n = max(r // 2, min(r, 256)),
+  small layer: B * k >= r, 1K neurons) with n = max(r // 2, min(r, 256)),
   else the per-slot path (10K neurons). It applies to the XLA update only.
 
   `kernel` picks how the selection and the address update run: "auto" (default) the C++ FFI
@@ -193,11 +190,9 @@ def eligible(spec: models.ModelSpec, **optimizer) -> bool:
 
 
 def to_neuron_major(params: dict) -> dict:
-  """Hidden kernel [n, r] -> [r, n] (a neuron's address becomes a contiguous row)."""
+  """Hidden kernel [n, r] -> [r, n] (a neuron's address becomes a contiguous row), and back (the
+  transpose is its own inverse)."""
   return {**params, "hidden": {**params["hidden"], "kernel": params["hidden"]["kernel"].T}}
-
-
-to_input_major = to_neuron_major  # the transpose is its own inverse
 
 
 def to_neuron_major_state(state):
@@ -245,37 +240,6 @@ def penalty_of(reg_state: regularizers.RegState) -> Penalty:
   )
 
 
-def train_step(
-  state,
-  x,
-  y,
-  valid,
-  *,
-  spec: models.ModelSpec,
-  sgd: SparseSGD,
-  regularizer: regularizers.RegularizerSpec | None = None,
-  penalty: Penalty | None = None,
-):
-  """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
-
-  Same contract as `train.train_step` (x is float here): returns the new state
-  and (loss sum, correct, activity sum [r], active count, fits). `fits` is 1
-  when the batch's active units fitted the slots (and the compact XLA path's
-  touched rows), i.e. when the step was exact; otherwise the step dropped units
-  and the caller must redo the block with the dense step (`train.run_block`). A
-  per-step `lax.cond` fallback would be simpler, but on XLA:CPU it costs ~1 ms
-  per step in buffer copies, more than the sparse step saves at 1K neurons.
-  `regularizer` (its values may be traced: a population member's) with `penalty`
-  (`penalty_of`): the penalty, and SI's path integral in `state.reg.w` (neuron-major,
-  `to_neuron_major_state`). `train_step_with_penalty` also returns the penalty with the row
-  statistics the next step can reuse.
-  """
-  state, penalty, stats = train_step_with_penalty(
-    state, penalty, x, y, valid, spec=spec, sgd=sgd, regularizer=regularizer
-  )
-  return state, stats
-
-
 def train_step_with_penalty(
   state,
   penalty: Penalty | None,
@@ -287,9 +251,18 @@ def train_step_with_penalty(
   sgd: SparseSGD,
   regularizer: regularizers.RegularizerSpec | None = None,
 ):
-  """`train_step`, returning (state, penalty, stats): the penalty carries each address row's
-  statistics at the new addresses (`Penalty.row_stats`), so that the next step of the same block
-  reads θ, A and m once for the rows only the penalty moves (CPU kernel). Same results, bit for bit."""
+  """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
+
+  The contract of `train.train_step` (x is float here): returns the new state, the penalty and
+  (loss sum, correct, activity sum [r], active count, fits). `fits` is 1 when the batch's active
+  units fitted the slots (and the compact XLA path's touched rows), i.e. when the step was exact;
+  otherwise the step dropped units and the caller redoes the block with the dense step
+  (`train.run_block`; a per-step `lax.cond` fallback would cost buffer copies on every step).
+  `regularizer` (its values may be traced: a population member's) with `penalty` (`penalty_of`):
+  the penalty, and SI's path integral in `state.reg.w` (neuron-major). The returned penalty carries
+  each address row's statistics at the new addresses (`Penalty.row_stats`), so that the next step
+  of the same block reads θ, A and m once for the rows only the penalty moves (CPU kernel).
+  """
   # Padded examples get x = 0: no unit fires for them, so they take no slot.
   x = topk.sdm_input(x.reshape(x.shape[0], -1)) * valid[:, None].astype(jnp.float32)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions

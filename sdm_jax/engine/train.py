@@ -30,8 +30,7 @@ import optax
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.core import sdm_layer
-from sdm_jax.engine import models, regularizers, sparse
-from sdm_jax.engine.metrics import DEAD_ACTIVITY_THRESHOLD  # (re-exported: train.DEAD_ACTIVITY_THRESHOLD)
+from sdm_jax.engine import metrics, models, regularizers, sparse
 
 
 @flax.struct.dataclass
@@ -370,14 +369,14 @@ def train_epoch(
   )
   count = jnp.maximum(task_size, 1).astype(jnp.float32)
   steps = jnp.maximum(-(-task_size // batch_size), 1)
-  metrics = EpochMetrics(
+  epoch_metrics = EpochMetrics(
     loss=loss_sum / count,
     accuracy=correct / count,
-    dead_fraction=jnp.mean(activity < DEAD_ACTIVITY_THRESHOLD),
+    dead_fraction=metrics.dead_fraction(activity),
     active_per_example=active / count,
     sparse_fraction=sparse_steps / steps,
   )
-  return state.replace(epoch=state.epoch + 1), metrics
+  return state.replace(epoch=state.epoch + 1), epoch_metrics
 
 
 def train_epochs(

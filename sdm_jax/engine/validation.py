@@ -1,6 +1,6 @@
 """The rules a run's arguments must meet, one set for both doors into the protocol.
 
-`continual.fit` (your arrays in) and the config schema (`experiments/schema.py`) call the same
+`fit.fit` (your arrays in) and the config schema (`experiments/schema.py`) call the same
 checks. Each raises ValueError("<name>: <what is wrong>"), where `name` is what the caller calls the
 argument ("k" for `fit`, "config.model.k" for a config), with the offending value and, for arrays,
 the example's index. They are numpy only: a refusal comes before anything is compiled or written.
