@@ -83,3 +83,11 @@ def test_the_run_machinery_imports_without_jax():
   code = "import sys, sdm_jax, sdm_jax.runs.workdir\nprint('jax' in sys.modules)\n"
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
   assert out.stdout.split() == ["False"]
+
+
+def test_the_package_exports_the_cores_names():
+  import sdm_jax
+  import sdm_jax.core
+
+  assert sorted(sdm_jax.__all__) == sdm_jax.core.__all__
+  assert all(getattr(sdm_jax, name) is getattr(sdm_jax.core, name) for name in sdm_jax.__all__)

@@ -12,35 +12,6 @@ from sdm_jax.engine import models
 from sdm_jax.core import projection
 from sdm_jax.engine import optimizers
 
-LR = 0.1
-
-
-def _params():
-  rng = np.random.default_rng(0)
-  return {"a": rng.standard_normal((3, 4)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
-
-
-def _grads(seed):
-  rng = np.random.default_rng(seed)
-  return {"a": rng.standard_normal((3, 4)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
-
-
-def _run(tx, params, grads_list):
-  """Applies `tx` to each gradient in turn; returns numpy parameters after each step."""
-  params = jax.tree.map(jnp.asarray, params)
-  state = tx.init(params)
-  history = []
-  for grads in grads_list:
-    updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, params)
-    params = optax.apply_updates(params, updates)
-    history.append(jax.tree.map(np.asarray, params))
-  return history
-
-
-def _assert_tree_close(actual, expected, **kwargs):
-  for key in expected:
-    np.testing.assert_allclose(actual[key], expected[key], err_msg=key, **kwargs)
-
 
 def _cnn_params(seed=0):
   """A CNN with an SDM head, Flax-Linen style: conv [3, 3, 1, 4] + bias, sdm [8, 6], out [6, 3] + bias."""

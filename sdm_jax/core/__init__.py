@@ -8,22 +8,22 @@
 - `paths`: marking parameters by path, as the two transformations above take them.
 """
 
-from sdm_jax.core.lazy import lazy_adam, lazy_layers, lazy_rmsprop, lazy_sgdm
-from sdm_jax.core.nnx_layer import SDM, GabaCounts
-from sdm_jax.core.nnx_layer import projection as nnx_projection
-from sdm_jax.core.projection import project_after_update, sdm_projection
-from sdm_jax.core.sdm_layer import SDMSpec, switch_from_epochs
+import types
 
-__all__ = [
-  "SDM",
-  "GabaCounts",
-  "SDMSpec",
-  "lazy_adam",
-  "lazy_layers",
-  "lazy_rmsprop",
-  "lazy_sgdm",
-  "nnx_projection",
-  "project_after_update",
-  "sdm_projection",
-  "switch_from_epochs",
-]
+# `name as name`: an explicit re-export, for type checkers and linters.
+from sdm_jax.core.lazy import lazy_adam as lazy_adam
+from sdm_jax.core.lazy import lazy_layers as lazy_layers
+from sdm_jax.core.lazy import lazy_rmsprop as lazy_rmsprop
+from sdm_jax.core.lazy import lazy_sgdm as lazy_sgdm
+from sdm_jax.core.nnx_layer import SDM as SDM
+from sdm_jax.core.nnx_layer import GabaCounts as GabaCounts
+from sdm_jax.core.nnx_layer import projection as nnx_projection  # noqa: F401 (re-exported, __all__)
+from sdm_jax.core.projection import project_after_update as project_after_update
+from sdm_jax.core.projection import sdm_projection as sdm_projection
+from sdm_jax.core.sdm_layer import SDMSpec as SDMSpec
+from sdm_jax.core.sdm_layer import switch_from_epochs as switch_from_epochs
+
+# Every name imported above (not the submodules); `sdm_jax.__all__` lists the same (tested).
+__all__ = sorted(
+  name for name, value in globals().items() if not name.startswith("_") and not isinstance(value, types.ModuleType)
+)
