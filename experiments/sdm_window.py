@@ -16,6 +16,7 @@ inputs, all-zero inputs), the share of the clipped gradient that went to the tru
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import pathlib
 import platform
@@ -453,10 +454,10 @@ def grid_plan(c) -> list[tuple[str, str, list[float]]]:
 
 def frozen_trunk(c, workdir: pathlib.Path) -> dict:
   """The paper's regime: a trunk trained outside the stream, frozen, its features through
-  `continual.fit` (SDMLP vs ReLU MLP, raw and centred on the first task's mean), against the CNN
+  `fit.fit` (SDMLP vs ReLU MLP, raw and centred on the first task's mean), against the CNN
   trained on the stream end to end (joint). Class-incremental, 5 tasks of 2 classes in class order.
   Every fit and every joint run is cached in workdir/runs/frozen/."""
-  from sdm_jax.engine import continual  # the engine: only this part needs it
+  from sdm_jax.engine import fit as fit_lib  # the engine: only this part needs it
 
   start = time.perf_counter()
   ds = load(c, c.frozen_stream)
@@ -489,26 +490,26 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
         trunk["mean"] = trunk["train"][first_task].mean(axis=0)  # the first task's mean: no future data
       return trunk
 
-    for centred in (False, True):
-      for model in ("sdmlp", "relu"):
+    for lr, centred, model in itertools.product(_floats(c.frozen_lrs, "frozen_lrs"), (False, True), ("sdmlp", "relu")):
 
-        def fit():
-          f = features()
-          shift = f["mean"] if centred else 0.0
-          result = continual.fit(
+      def fit():
+        f = features()
+        shift = f["mean"] if centred else 0.0
+        result = fit_lib.fit(
             f["train"] - shift, y, test_x=f["test"] - shift, test_y=test_y, model=model, neurons=c.neurons, k=c.k,
-            learning_rate=c.frozen_lr, epochs_per_task=c.frozen_epochs_per_task, batch_size=c.frozen_batch_size,
+            learning_rate=lr, epochs_per_task=c.frozen_epochs_per_task, batch_size=c.frozen_batch_size,
             seeds=seeds,
           )  # fmt: skip
-          accs = [float(s["final_accuracy"]) for s in result["per_seed"]]
-          return dict(
-            trunk=source, centred=centred, model=model, accuracy=accs, accuracy_mean=float(np.mean(accs)),
+        accs = [float(s["final_accuracy"]) for s in result.per_seed]
+        return dict(
+            trunk=source, lr=lr, centred=centred, model=model, accuracy=accs, accuracy_mean=float(np.mean(accs)),
             input_cosine=float(diagnostics.input_cosine(jnp.asarray(f["test"] - shift))),
           )  # fmt: skip
 
-        row = _cached(workdir / "runs" / "frozen" / f"{source}_{'centred' if centred else 'raw'}_{model}.json", fit)
-        logging.info(f"frozen {row}")
-        out["frozen"].append(row)
+      name = f"{source}_lr{lr:g}_{'centred' if centred else 'raw'}_{model}.json"
+      row = _cached(workdir / "runs" / "frozen" / name, fit)
+      logging.info(f"frozen {row}")
+      out["frozen"].append(row)
   tasks = [
     (jnp.asarray(x[np.isin(y, (2 * t, 2 * t + 1))]), jnp.asarray(y[np.isin(y, (2 * t, 2 * t + 1))])) for t in range(5)
   ]
@@ -547,59 +548,69 @@ LABELS = {
 }
 
 
-def plot_window(rows: list[dict], bands: list[dict], path: pathlib.Path) -> None:
+COLORS = {"relu": "black", "sdm": "tab:red", "recipe": "tab:blue", "recipe:k=100": "tab:green"}
+
+
+def plot_window(rows: list[dict], bands: list[dict], path: pathlib.Path, datasets: list[str] | None = None) -> None:
   """Accuracy (top) and dead fraction (bottom) against the learning rate, one column per dataset,
-  one curve per head: seed mean, shaded min-max, each seed a dot; the recipe's matching band shaded."""
+  one curve per head: seed mean, shaded min-max, each seed a dot; the recipe's matching band shaded.
+  Points where the trunk died (most test inputs all zero) are crosses on the dead-fraction panel:
+  their dead fraction says nothing about the layer."""
   import matplotlib  # pylint: disable=import-outside-toplevel
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
   window = [r for r in rows if r["part"] == "window"]
-  datasets = list(dict.fromkeys(r["dataset"] for r in window))
+  present = list(dict.fromkeys(r["dataset"] for r in window))
+  datasets = [d for d in (datasets or present) if d in present]
   fig, axes = plt.subplots(2, len(datasets), figsize=(6.5 * len(datasets), 7.5), squeeze=False, sharex=True)
   for col, dataset in enumerate(datasets):
     heads = list(dict.fromkeys(r["head"] for r in window if r["dataset"] == dataset))
     for head in heads:
       rs = sorted((r for r in window if r["dataset"] == dataset and r["head"] == head), key=lambda r: r["lr"])
       lrs = [r["lr"] for r in rs]
-      style = dict(color="black", ls="--") if head == "relu" else {}
+      style = dict(color=COLORS.get(head), ls="--" if head == "relu" else "-")
       (line,) = axes[0, col].plot(
         lrs, [r["accuracy_mean"] for r in rs], marker="o", label=LABELS.get(head, head), **style
       )
+      color = line.get_color()
       axes[0, col].fill_between(
-        lrs, [r["accuracy_min"] for r in rs], [r["accuracy_max"] for r in rs], color=line.get_color(), alpha=0.15
+        lrs, [r["accuracy_min"] for r in rs], [r["accuracy_max"] for r in rs], color=color, alpha=0.15
       )
       for r in rs:
-        axes[0, col].scatter([r["lr"]] * len(r["accuracy"]), r["accuracy"], s=8, color=line.get_color(), alpha=0.6)
-      axes[1, col].plot(
-        lrs,
-        [r["dead_fraction"] for r in rs],
-        marker="o",
-        color=line.get_color(),
-        label=LABELS.get(head, head),
-        **({"ls": "--"} if head == "relu" else {}),
-      )
+        axes[0, col].scatter([r["lr"]] * len(r["accuracy"]), r["accuracy"], s=8, color=color, alpha=0.6)
+      axes[1, col].plot(lrs, [r["dead_fraction"] for r in rs], label=LABELS.get(head, head), **style)
+      for r in rs:
+        dead_trunk = r["zero_input_fraction"] > 0.5
+        axes[1, col].scatter([r["lr"]], [r["dead_fraction"]], marker="x" if dead_trunk else "o", s=40, color=color)
     for band in bands:
       if band["dataset"] == dataset and band["band"]:
         axes[0, col].axvspan(
-          *band["band"], color="green", alpha=0.08, label=f"{LABELS.get(band['head'], band['head'])} matches ReLU"
+          *band["band"],
+          color=COLORS.get(band["head"], "green"),
+          alpha=0.08,
+          label=f"{LABELS.get(band['head'], band['head'])} matches ReLU",
         )
     axes[0, col].set_title(dataset)
-    axes[0, col].set_ylabel("test accuracy (3 seeds: mean, min-max, dots)")
-    axes[1, col].set_ylabel("dead: fraction of hidden units never active on the test set")
+    axes[0, col].set_ylabel("test accuracy (3 seeds)")
+    axes[1, col].set_ylabel("dead units (x: trunk dead)")
     axes[1, col].set_xlabel("learning rate (SGD, global-norm clip 1.0)")
     axes[0, col].set_xscale("log")
     axes[0, col].set_ylim(0, 1)
     axes[1, col].set_ylim(-0.02, 1.02)
     axes[0, col].legend(fontsize=8, loc="lower left")
-  fig.suptitle("Small CNN + 1,000-unit head, i.i.d.: accuracy and dead units against the learning rate", fontsize=11)
+  fig.suptitle(
+    "Small CNN + 1,000-unit head, i.i.d.: test accuracy (mean, min-max, seeds as dots) and the fraction of "
+    "head units never active on the test set",
+    fontsize=10,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
 
-def plot_grid(rows: list[dict], path: pathlib.Path) -> None:
+def plot_grid(rows: list[dict], path: pathlib.Path, *, switch_epochs: float, k: int) -> None:
   """The T and k grid on MNIST: accuracy (mean, min-max bar) per head at each grid learning rate."""
   import matplotlib  # pylint: disable=import-outside-toplevel
 
@@ -608,7 +619,7 @@ def plot_grid(rows: list[dict], path: pathlib.Path) -> None:
 
   grid = [r for r in rows if r["dataset"] == "mnist" and r["head"] != "relu"]
   grid_lrs = sorted({r["lr"] for r in rows if r["part"] == "grid"})
-  heads = list(dict.fromkeys(r["head"] for r in grid if r["part"] == "grid" or r["head"] == "sdm"))
+  heads = ["sdm"] + list(dict.fromkeys(r["head"] for r in grid if r["part"] == "grid"))
   fig, ax = plt.subplots(figsize=(7, 4))
   width = 0.8 / max(len(grid_lrs), 1)
   for i, lr in enumerate(grid_lrs):
@@ -622,11 +633,15 @@ def plot_grid(rows: list[dict], path: pathlib.Path) -> None:
     ]
     ax.bar(xs, means, width, yerr=err, label=f"lr {lr:g}", capsize=3)
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(heads))])
-  ax.set_xticklabels([h.replace("sdm", "SDM") + (" (T=2.5, k=10)" if h == "sdm" else "") for h in heads], fontsize=8)
+  ax.set_xticklabels(
+    [f"SDM (T={switch_epochs:g}, k={k})" if h == "sdm" else h.replace("sdm:", "SDM ") for h in heads], fontsize=8
+  )
   ax.set_ylabel("MNIST test accuracy (mean, min-max)")
   ax.set_ylim(0, 1)
   ax.legend()
-  ax.set_title("The paper's SDM head: T (switch epochs) and k", fontsize=10)
+  ax.set_title(
+    f"The paper's SDM head on MNIST: T (epochs of the training set) and k, {len(grid_lrs)} learning rates", fontsize=10
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -671,17 +686,18 @@ def markdown(rows: list[dict], bands: list[dict], frozen: dict | None, records: 
   if frozen:
     lines += [
       "",
-      "| trunk | centred | model | final accuracy (seeds) | mean | input cos |",
-      "|---|---|---|---|---|---|",
+      "| trunk | lr | centred | model | final accuracy (seeds) | mean | input cos |",
+      "|---|---|---|---|---|---|---|",
     ]
     for r in frozen["frozen"]:
       accs = ", ".join(f"{a:.3f}" for a in r["accuracy"])
       lines.append(
-        f"| {r['trunk']} | {r['centred']} | {r['model']} | {accs} | {r['accuracy_mean']:.3f} | {r['input_cosine']:.2f} |"
+        f"| {r['trunk']} | {r['lr']:g} | {r['centred']} | {r['model']} | {accs} | {r['accuracy_mean']:.3f} | "
+        f"{r['input_cosine']:.2f} |"
       )
     for r in frozen["joint"]:
       accs = ", ".join(f"{a:.3f}" for a in r["accuracy"])
-      lines.append(f"| joint CNN (lr {r['lr']:g}) | - | {r['head']} | {accs} | {r['accuracy_mean']:.3f} | - |")
+      lines.append(f"| joint CNN | {r['lr']:g} | - | {r['head']} | {accs} | {r['accuracy_mean']:.3f} | - |")
   return "\n".join(lines) + "\n"
 
 
@@ -721,9 +737,9 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
   (workdir / "summary.md").write_text(markdown(rows, bands, frozen, records))
   try:
     if any(r["part"] == "window" for r in rows):
-      plot_window(rows, bands, workdir / "sdm_window.png")
+      plot_window(rows, bands, workdir / "sdm_window.png", datasets=_names(c.datasets))
     if any(r["part"] == "grid" for r in rows):
-      plot_grid(rows, workdir / "sdm_grid.png")
+      plot_grid(rows, workdir / "sdm_grid.png", switch_epochs=c.switch_epochs, k=c.k)
   except ImportError:
     logging.info("matplotlib is not installed: no figure (pip install -e '.[analysis]')")
   return results

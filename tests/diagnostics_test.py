@@ -181,9 +181,9 @@ def test_a_killed_trunk_is_flagged():
 
 
 def test_input_cosine_is_the_layers_own_geometry():
-  """input_cosine is computed on what the layer itself sees (ReLU, then topk.l2_normalize)."""
+  """input_cosine is computed on what the layer itself sees (ReLU, then unit L2 norm per flattened example)."""
   x, _, _ = _example()
-  u = np.asarray(topk.sdm_input(jnp.asarray(x)))
+  u = np.asarray(topk.sdm_input(jnp.asarray(x.reshape(len(x), -1))))
   rows = u[np.linalg.norm(u, axis=1) > 0]
   n = len(rows)
   expected = ((rows.sum(0) ** 2).sum() - n) / (n * (n - 1))

@@ -22,7 +22,7 @@ Parts (`--parts`): "window" (every head of `heads`, and of `mnist_heads` on MNIS
 `lrs` on MNIST and of `fashion_mnist_lrs` on Fashion-MNIST, `seeds` seeds); "grid" (`grid_heads` on MNIST at
 `grid_lrs`: T and k); "probe" (per-step traces of the first `probe_epochs` at `probe_lrs`, seed 0:
 what kills a trunk); "frozen" (a trunk trained outside the continual stream, frozen, its
-features through `sdm_jax.engine.continual.fit` with and without centering, against the joint
+features through `sdm_jax.engine.fit.fit` with and without centering, against the joint
 CNN trained class-incrementally; `frozen_*` fields).
 
 Variants:
@@ -82,7 +82,7 @@ def get_config(variant: str = "quick") -> ml_collections.ConfigDict:
   c.frozen_trunk_examples = 2048  # of the other dataset (class-balanced)
   c.frozen_trunk_epochs = 10
   c.frozen_epochs_per_task = 20
-  c.frozen_lr = 0.05  # continual.fit's SGD learning rate (both models)
+  c.frozen_lrs = "0.05,0.5"  # fit.fit's SGD learning rates (both models at each)
   c.frozen_batch_size = 64
   c.frozen_joint_heads = "relu,recipe"  # the CNN trained on the stream end to end
   c.frozen_joint_epochs_per_task = 10
@@ -99,7 +99,7 @@ def get_config(variant: str = "quick") -> ml_collections.ConfigDict:
     c.probe_heads, c.probe_lrs = "sdm", "10"
     c.frozen_stream = "mnist"
     c.frozen_train_per_class, c.frozen_test_per_class = 16, 8
-    c.frozen_trunk_sources, c.frozen_trunk_examples = "task1", 160
+    c.frozen_trunk_sources, c.frozen_trunk_examples, c.frozen_lrs = "task1", 160, "0.05"
     c.frozen_trunk_epochs, c.frozen_epochs_per_task, c.frozen_batch_size = 2, 2, 16
     c.frozen_joint_heads, c.frozen_joint_epochs_per_task = "relu", 2
   return c

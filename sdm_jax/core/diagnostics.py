@@ -62,7 +62,7 @@ def input_cosine(x: jax.Array, *, positive: bool = True) -> jax.Array:
   O(batch x features): with unit rows u_i, sum_{i != j} u_i.u_j = |sum_i u_i|^2 - (nonzero rows).
   NaN when fewer than two examples are non-zero.
   """
-  u = topk.sdm_input(x, positive=positive, normalize=True)
+  u = topk.sdm_input(x.reshape(x.shape[0], -1), positive=positive, normalize=True)
   n = jnp.sum(jnp.any(u != 0, axis=-1)).astype(jnp.float32)
   total = jnp.sum(jnp.square(jnp.sum(u, axis=0)))
   return jnp.where(n > 1, (total - n) / jnp.maximum(n * (n - 1), 1.0), jnp.nan)
