@@ -272,3 +272,15 @@ def test_fit_takes_an_optax_transformation_and_adds_the_projection():
     and by_name.final_accuracy == by_name.results["summary"]["final_accuracy_mean"]
   )
   assert len(by_name.curves) == 2 and by_name.per_seed[0]["seed"] == 0
+
+
+def test_a_collapsed_layer_is_flagged_and_a_healthy_one_is_not():
+  """Inputs all zero after the layer's ReLU (the issue's dead trunk): no unit fires, every output
+  is zero, the counters stop; the run says so in its warnings. The same run on real inputs does not."""
+  args = _small()
+  x, y = args.pop("x"), args.pop("y")
+  collapsed = fit.fit(-np.abs(x), y, **args)  # all negative: zero after the SDM layer's input ReLU
+  assert collapsed.warnings and "the hidden layer collapsed for 1 model(s) (seed 0)" in collapsed.warnings[0]
+  assert all(row["active_per_example"] == 0 for row in collapsed.curves)
+  healthy = fit.fit(np.abs(x), y, **args)
+  assert not any("collapsed" in w for w in healthy.warnings)

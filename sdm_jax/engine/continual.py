@@ -324,6 +324,23 @@ def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
   return topk.gaba_lambda(states.gaba_counts, switch).mean(-1)
 
 
+def collapse_warning(active_per_example, labels: Sequence[dict], task: int, num_tasks: int, epoch: int) -> str | None:
+  """A line for the log and the results when a model's hidden layer has collapsed: no unit fired for
+  any example of the last epoch. Its outputs are then all zero, so the readout gets no gradient and
+  the GABA counters (App. B.3) stop; training on cannot recover it (a learning rate too large for
+  the layer, or inputs that are all zero after its ReLU). `sdm_jax.core.diagnostics` has the
+  finer statistics for a user's own network."""
+  dead = [label for label, active in zip(labels, np.asarray(active_per_example)) if active == 0]
+  if not dead:
+    return None
+  names = ", ".join(" ".join(f"{k} {v}" for k, v in label.items()) for label in dead[:5])
+  return (
+    f"task {task + 1}/{num_tasks} epoch {epoch}: the hidden layer collapsed for {len(dead)} model(s) ({names}): no "
+    "unit fired for any example, so every output is zero, the readout gets no gradient and the GABA counters are "
+    "frozen (a learning rate too large, or inputs all zero after the layer's ReLU)"
+  )
+
+
 def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
   """A line for the log and the results when task `task` ends with the GABA switch incomplete.
 
@@ -431,13 +448,19 @@ def run(
     _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
     rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam)
     progress.dead_fraction = np.asarray([row["dead_fraction"] for row in rows])
-    task_end, warning = block == per_task - 1, None
+    task_end = block == per_task - 1
+    warning = collapse_warning(
+      epoch_metrics.active_per_example[:, -1], labels, task, num_tasks, (block + 1) * schedule.eval_every
+    )
+    if warning and not any(w.split(":", 1)[1] == warning.split(":", 1)[1] for w in progress.warnings):
+      progress.warnings.append(warning)  # (once per run for the same models: the log has every block's)
     if task_end:
       progress.acc[:, task] = counts.correct / np.maximum(counts.count, 1)
       progress.acc_task_il[:, task] = counts.correct_task_masked / np.maximum(counts.count, 1)
-      warning = gaba_switch_warning(engine.spec, lam, seeds, task, num_tasks)
-      if warning:
-        progress.warnings.append(warning)
+      gaba_warning = gaba_switch_warning(engine.spec, lam, seeds, task, num_tasks)
+      if gaba_warning:
+        progress.warnings.append(gaba_warning)
+        warning = gaba_warning if warning is None else f"{warning}; {gaba_warning}"
       if engine.end_task is not None and task < num_tasks - 1:
         # Task boundary: importances on the finished task, new anchors (docs/reference_code.md#regularisers).
         states = engine.end_task(states, *train_data)
