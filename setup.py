@@ -2,16 +2,18 @@
 
 import setuptools
 
+# Floors: the lowest versions the fast test tier passed on (Python 3.11, CPU); requirements-floor.txt
+# pins exactly them and .ci/run tests that stack. Raise a floor rather than declare an untested one.
 CORE = [
-  "jax>=0.4.35",
-  "flax>=0.10",
-  "optax>=0.2.4",
+  "jax>=0.10.0",
+  "flax>=0.12.7",
+  "optax>=0.2.5",
   "chex>=0.1.87",
-  "orbax-checkpoint>=0.10",
-  "absl-py>=2.0",
+  "orbax-checkpoint>=0.11.17",
+  "absl-py>=1.4",
   "ml-collections>=0.1.1",
-  "numpy>=1.26",
-  "tensorboardX>=2.6",  # TensorBoard event files of every run's curves, without TensorFlow
+  "numpy>=2.0",
+  "tensorboardX>=2.6.1",  # TensorBoard event files of every run's curves, without TensorFlow
 ]
 
 setuptools.setup(
@@ -20,7 +22,7 @@ setuptools.setup(
   description="Sparse Distributed Memory is a Continual Learner (Bricken et al., ICLR 2023) in JAX",
   long_description=open("README.md").read(),
   long_description_content_type="text/markdown",
-  python_requires=">=3.10",
+  python_requires=">=3.11",
   # Only sdm_jax: experiments/, launch/ and benchmarks/ are folders of the repository, run from its
   # root (`python -m experiments.split_mnist ...`), so no top-level `experiments` package lands in
   # site-packages beside another project's.
@@ -35,19 +37,19 @@ setuptools.setup(
     "test": [
       "pytest>=7",
       "pytest-xdist>=3",
-      "matplotlib>=3.8",
-      "tensorflow-datasets>=4.9",
+      "matplotlib>=3.8.4",
+      "tensorflow-datasets>=4.9.8",
       "importlib_resources",
       "pillow>=10",
-      "scikit-learn>=1.3",
-      "tensorboard>=2.16",
+      "scikit-learn>=1.4.2",
+      "tensorboard>=2.17.1",
       "ruff>=0.6",
       "umap-learn>=0.5",
     ],
-    "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
+    "tfds": ["tensorflow-datasets>=4.9.8", "importlib_resources"],
     # The JPEG CIFAR-10 stand-in is decoded with Pillow.
-    "cifar": ["pillow>=10", "tensorflow-datasets>=4.9", "importlib_resources"],
-    "analysis": ["matplotlib>=3.8", "umap-learn>=0.5", "scikit-learn>=1.3"],
+    "cifar": ["pillow>=10", "tensorflow-datasets>=4.9.8", "importlib_resources"],
+    "analysis": ["matplotlib>=3.8.4", "umap-learn>=0.5", "scikit-learn>=1.4.2"],
     # PyTorch eager row of benchmarks/epoch_time.py; requirements.txt pins the CPU build.
     "torch": ["torch>=2.4"],
     # Accelerators: JAX's CUDA 13 wheels (NVIDIA driver >= 580) or its TPU runtime, at the pinned jax.
