@@ -259,7 +259,8 @@ def activations(
       raise ValueError("the GABA switch needs gaba_counts (per-neuron firing counters)")
     switch = spec.switch_activations if switch_activations is None else switch_activations
     threshold = topk.kth_largest(a, k + 1, method=method, k_bound=bound)
-    return topk.topk_subtract(a, threshold, topk.gaba_lambda(counts, switch))
+    # λ in the activations' dtype: a bfloat16 layer stays bfloat16 (float32 counters).
+    return topk.topk_subtract(a, threshold, topk.gaba_lambda(counts, switch).astype(a.dtype))
   if spec.inhibition == "subtract":
     return topk.topk_subtract(a, topk.kth_largest(a, k + 1, method=method, k_bound=bound))
   return topk.topk_mask(a, topk.kth_largest(a, k, method=method, k_bound=bound))
