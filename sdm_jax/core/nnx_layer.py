@@ -71,6 +71,14 @@ class SDM(nnx.Module):
 
   Training mode (the default, `model.train()`) advances `counts`; evaluation mode (`model.eval()`,
   which sets `deterministic=True`) leaves them frozen.
+
+  Operating window. After the switch a*_i is the gap between neuron i's cosine with the input and
+  the (k+1)-th largest (~0.01), and the readout's gradient is proportional to a*: inputs that share
+  a large common component (a trunk trained along with the layer) make the same few neurons win
+  for every class, and a large learning rate can stop the trunk firing at all. The paper's setting
+  is fixed inputs (pixels, or a frozen pretrained trunk's features). `sdm_jax.core.diagnostics`
+  reports collapse; `sdm_jax.core.centering` holds two options beyond the paper (input centring,
+  output normalisation), off unless added; experiments/results/sdm_window has the measurements.
   """
 
   def __init__(
