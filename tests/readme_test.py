@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from experiments import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -74,15 +73,22 @@ def _sweep_command() -> list[str]:
 
 
 def test_the_readmes_sweep_is_one_population_program():
-  """Learning rate x k: both population fields, so one compiled program of 2 x 2 models."""
-  from launch import runner, sweep
-
-  argv = _sweep_command()
-  argument = cli._config_argument(argv, None)
-  axes = [a.split("=", 1)[1] for a in argv if a.startswith("--axis=")]
-  plan = runner.plan(sweep.sweep_of(argument, cli.load_config_file(argument), axes, ""))
-  assert plan.population is not None, plan.how
-  assert len(plan.runs) == 4
+  """Learning rate x k: both population fields, so one compiled program of 2 x 2 models. Planned in
+  a fresh interpreter: launch.sweep defines absl flags (--workdir) that another binary's module,
+  imported by an earlier test in the same worker, may already hold."""
+  code = (
+    "import sys\n"
+    "from experiments import cli\n"
+    "from launch import runner, sweep\n"
+    "argv = sys.argv[1:]\n"
+    "argument = cli._config_argument(argv, None)\n"
+    "axes = [a.split('=', 1)[1] for a in argv if a.startswith('--axis=')]\n"
+    "plan = runner.plan(sweep.sweep_of(argument, cli.load_config_file(argument), axes, ''))\n"
+    "print(plan.population is not None, len(plan.runs))\n"
+  )
+  done = subprocess.run([sys.executable, "-c", code, *_sweep_command()], cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ["True", "4"], done.stdout
 
 
 @pytest.mark.slow
