@@ -350,3 +350,69 @@ def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_pat
   assert path.is_file() and path.is_relative_to(tmp_path / "tmp")
   assert [p.name for p in path.parent.iterdir()] == [path.name]
   assert cpu_kernels.build() == path
+
+
+def _dense_problem(seed, n=784, r=203):
+  """Input-major unit-norm non-negative addresses X [n, r] (r = 6 tiles of 32 columns and a partial
+  one), a gradient G [n, r] of both signs (column 0 large and positive: it clamps to all zero), and
+  the output layer's squared norm."""
+  rng = np.random.default_rng(seed)
+  addresses = np.abs(rng.normal(size=(n, r))).astype(np.float32)
+  addresses[rng.random(addresses.shape) < 0.5] = 0.0
+  addresses /= np.linalg.norm(addresses, axis=0, keepdims=True)
+  gradient = (rng.normal(size=(n, r)) * 0.01).astype(np.float32)
+  gradient[:, 0] = 10.0
+  return addresses, gradient, np.float32(rng.random() * 0.5)
+
+
+def _numpy_dense_update(addresses, gradient, values_sq, learning_rate, clip_norm):
+  """The reference in float64: optax clip_by_global_norm -> sgd, relu, each column's L2 norm."""
+  norm = np.sqrt(np.sum(gradient.astype(np.float64) ** 2) + values_sq)
+  step = learning_rate * (clip_norm / norm if clip_norm and norm >= clip_norm else 1.0)
+  v = np.maximum(addresses - step * gradient.astype(np.float64), 0.0)
+  norms = np.linalg.norm(v, axis=0, keepdims=True)
+  return v / np.where(norms > 0, norms, 1.0), step, norm
+
+
+@needs_kernel
+@pytest.mark.parametrize("clip_factor", [None, 0.05, 20.0])  # no clip; clips; clip_norm above the norm
+def test_dense_update_matches_numpy(clip_factor):
+  addresses, gradient, values_sq = _dense_problem(0)
+  lr = 0.7
+  _, _, norm = _numpy_dense_update(addresses, gradient, values_sq, lr, None)
+  clip_norm = None if clip_factor is None else clip_factor * norm
+  want, want_step, _ = _numpy_dense_update(addresses, gradient, values_sq, lr, clip_norm)
+  got, step = jax.jit(functools.partial(cpu_kernels.dense_update, learning_rate=lr, clip_norm=clip_norm))(
+    addresses, gradient, values_sq
+  )
+  np.testing.assert_allclose(float(step), want_step, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(got)[:, 0], 0.0)  # clamped to zero: stays zero, no NaN
+  assert np.abs(want - addresses).max() > 1e-3  # not vacuous: the columns moved (>> atol)
+  # The projection as the optax chain computes it (models.project_params' hidden-layer part).
+  xla = topk.l2_normalize(jax.nn.relu(addresses - np.float32(want_step) * gradient), axis=0)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(xla), atol=1e-7)
+
+
+@needs_kernel
+def test_dense_update_under_vmap_and_in_place():
+  """Two members under `jax.vmap` (one clipped, one not) equal their own calls; inside a scan the
+  addresses are aliased to the result (no copy of the [n, r] buffer)."""
+  problems = [_dense_problem(1), _dense_problem(2)]
+  problems[1] = (problems[1][0], problems[1][1] * 1e-4, problems[1][2] * 1e-8)  # ||g|| < clip: no clip
+  stacked = [np.stack(a) for a in zip(*problems)]
+  update = functools.partial(cpu_kernels.dense_update, learning_rate=0.5, clip_norm=0.1)
+  got, steps = jax.jit(jax.vmap(update))(*stacked)
+  for i, problem in enumerate(problems):
+    want, want_step, _ = _numpy_dense_update(*problem, 0.5, 0.1)
+    np.testing.assert_allclose(np.asarray(got[i]), want, atol=1e-6)
+    np.testing.assert_allclose(float(steps[i]), want_step, rtol=1e-6)
+  assert float(steps[0]) < 0.5 and float(steps[1]) == np.float32(0.5)
+  addresses, gradient, values_sq = problems[0]
+
+  def run(a):
+    return jax.lax.scan(lambda a, _: update(a, gradient, values_sq), a, None, length=3)
+
+  hlo = jax.jit(run, donate_argnums=0).lower(addresses).compile().as_text()
+  assert "custom-call" in hlo
+  assert not [line for line in hlo.splitlines() if "f32[784,203]" in line and " copy(" in line]

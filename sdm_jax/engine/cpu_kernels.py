@@ -27,6 +27,10 @@ regulariser's quadratic penalty (EWC, MAS, SI's penalty, L2: `regularizers.penal
 form), whose gradient is elementwise: only the rows it touches are read, and a row only the
 penalty moves is read once per step (its norm share is carried from the last step's update pass);
 `sparse_update_path_integral` also accumulates SI's path integral on the rows the slots touch.
+`dense_update` is the DENSE SGD step's address update (`fused_dense.train_step`): from the whole
+weight gradient G [n, r] (the matmul's output) the global-norm clip, the SGD step, the clamp and
+the columns' L2 normalisation in 3 passes over the address matrix (one read of G for the norm, one
+read of X and G and one write of X, column tile by column tile), where XLA's optax chain makes ~13.
 Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
@@ -65,6 +69,7 @@ _TARGETS = {
   "sdm_jax_sparse_update_path_integral": "SdmSparseUpdatePathIntegral",
   "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
   "sdm_jax_active_units": "SdmActiveUnits",
+  "sdm_jax_dense_update": "SdmDenseUpdate",
 }
 #: The `g++` flags the FFI kernels are compiled with.
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
@@ -255,6 +260,40 @@ def sparse_update_penalized(
     *_slot_operands(slots),
     jnp.asarray(values_sq, jnp.float32),
     *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
+    learning_rate=np.float64(learning_rate),
+    clip_norm=np.float64(clip_norm or 0.0),
+  )
+
+
+def dense_update(addresses, gradient, values_sq, *, learning_rate: float, clip_norm: float | None):
+  """The dense SGD step's address update on CPU; returns (new addresses [n, r], step size []).
+
+  addresses [..., n, r] f32 input-major (Flax's [in, out] kernel: a neuron's address is a column;
+  donated to the result: no copy), gradient [..., n, r] (dL/dX, the weight-gradient matmul's output,
+  a penalty's gradient included), values_sq [...] (the squared norm of the rest of the gradient, the
+  output layer's: part of the global norm). step = learning_rate * min(1, clip_norm / ||g||) as
+  optax.clip_by_global_norm -> sgd (`sparse._clipped_step_size`: no clip while ||g|| < clip_norm),
+  then each column becomes `topk.l2_normalize(relu(X - step * G), axis=0)` (`models.project_params`;
+  an all-zero column stays zero). The step size is returned so the caller steps the other layers
+  with it. `clip_norm` None or 0: no clipping (and no read of G for the norm). Under `jax.vmap`
+  all operands get the batch axis (vmap_method="broadcast_all") and the kernel loops over it.
+  """
+  _check_available()
+  if addresses.ndim < 2 or gradient.shape != addresses.shape or jnp.shape(values_sq) != addresses.shape[:-2]:
+    raise ValueError(
+      f"expected addresses and gradient [..., n, r], values_sq [...]; got {addresses.shape}, {gradient.shape}, "
+      f"{jnp.shape(values_sq)}"
+    )
+  call = jax.ffi.ffi_call(
+    "sdm_jax_dense_update",
+    (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)),
+    input_output_aliases={0: 0},
+    vmap_method="broadcast_all",
+  )
+  return call(
+    addresses.astype(jnp.float32),
+    gradient.astype(jnp.float32),
+    jnp.asarray(values_sq, jnp.float32),
     learning_rate=np.float64(learning_rate),
     clip_norm=np.float64(clip_norm or 0.0),
   )

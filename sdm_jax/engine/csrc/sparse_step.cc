@@ -3,7 +3,8 @@
 //   SdmSparseUpdate        the address update from those slots (SGD, clip, projection);
 //   SdmSparseUpdatePenalized  the same plus a quadratic penalty (EWC, MAS, SI, L2);
 //   SdmSparseUpdatePathIntegral  the penalised update plus SI's path integral w -= g_si * delta theta;
-//   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices).
+//   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices);
+//   SdmDenseUpdate         the DENSE step's address update: clip, SGD, projection in 3 passes (end of file).
 //
 // Slots. A batch's active units are S slots (example, neuron, value), sorted by example; the
 // first `total` hold the units with a* = relu(a - lambda I) > 0 (Eq. 4; lambda of the GABA
@@ -726,3 +727,151 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImp
                                   .Ret<ffi::Buffer<ffi::F32>>()  // penalty value [...]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new w
                                   .Ret<ffi::Buffer<ffi::F32>>());  // row stats at the new addresses [..., 2, r]
+
+// -------------------------------------------------------------------------------------------------
+// SdmDenseUpdate: the DENSE SGD step's address update (sdm_jax/engine/fused_dense.py), fused.
+//   addresses X [..., n, r] f32, input-major (Flax's [in, out] kernel: a neuron's address is a
+//     COLUMN; aliased to the first result, updated in place)
+//   gradient G [..., n, r] f32 (dL/dX, the weight-gradient matmul's output, penalty included)
+//   values_sq [...] f32 (the squared norm of the rest of the gradient: the output layer's)
+//   attributes learning_rate, clip_norm (f64; clip_norm <= 0: no clipping)
+// step = optax clip_by_global_norm then sgd over ||g|| = sqrt(sum G^2 + values_sq)
+// (sparse._clipped_step_size), then every column j: v = max(X[:, j] - step G[:, j], 0),
+// X[:, j] = v / ||v|| (topk.l2_normalize: an all-zero column stays zero); models.project_params.
+// XLA:CPU makes ~13 passes over the [n, r] matrices for clip -> sgd -> projection; this makes 3
+// from memory: one read of G for the norm (skipped without a clip), then, tile by tile of
+// kDenseTile columns x all n rows, one read of X and G and one write of X. The tile's first sweep
+// writes v to the output and sums each column's squares; the second rescales the tile, which it
+// finds in cache (784 x 256 x 4 B = 784 KB: L2, else L3), not in memory. Column tiles read and
+// write 1 KB of each row: with 4 KB pages each row of a tile is a page of its own, and narrower
+// tiles (32 columns, 128 B per row, a scratch tile of 100 KB held in L2) took 1.5x as long
+// (7.3 ms against 4.7 ms at r = 10,000, one core of the AVX-512 VM). Single-threaded, like the
+// kernels above.
+namespace {
+
+constexpr int64_t kDenseTile = 256;  // columns per tile: 1 KB of each row
+
+// sum of G^2 over `count` contiguous floats: vectorised float partial sums per chunk, chunks in double.
+double SumOfSquares(const float* __restrict g, int64_t count) {
+  constexpr int64_t kChunk = 4096;
+  double total = 0.0;
+  for (int64_t start = 0; start < count; start += kChunk) {
+    const int64_t end = std::min(count, start + kChunk);
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = start; j < end; ++j) sq += g[j] * g[j];
+    total += sq;
+  }
+  return total;
+}
+
+// One tile of W columns [j0, j0 + W) of a [n, r] problem: out = v = max(x - step g, 0) and the
+// columns' sums of squares (one sweep), then out = v / norm (norm 0: v stays 0). `out` may be `x`
+// (aliased): no __restrict on either. W is a compile-time width (the accumulators stay in
+// registers); W = 0 is the runtime width `w` < 16 of the last columns.
+template <int64_t W>
+void DenseTile(const float* x, const float* __restrict g, float* out, int64_t n, int64_t r, int64_t j0, float step,
+               int64_t w = W) {
+  constexpr int64_t kWidth = W > 0 ? W : 16;
+  const int64_t width = W > 0 ? W : w;
+  float sq[kWidth], norm[kWidth];
+  for (int64_t t = 0; t < width; ++t) sq[t] = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xr = x + i * r + j0;
+    const float* __restrict gr = g + i * r + j0;
+    float* vr = out + i * r + j0;
+#pragma omp simd
+    for (int64_t t = 0; t < width; ++t) {
+      const float value = std::max(xr[t] - step * gr[t], 0.0f);
+      vr[t] = value;
+      sq[t] += value * value;
+    }
+  }
+  for (int64_t t = 0; t < width; ++t) {
+    const float root = std::sqrt(sq[t]);
+    norm[t] = root > 0.0f ? root : 1.0f;  // topk.l2_normalize: x / where(norm > 0, norm, 1)
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* vr = out + i * r + j0;
+#pragma omp simd
+    for (int64_t t = 0; t < width; ++t) vr[t] = vr[t] / norm[t];
+  }
+}
+
+// One problem: reads x and g, writes out (which may be x itself); returns the step.
+float DenseUpdateOne(const float* x, const float* __restrict g, float* out, float values_sq, int64_t n, int64_t r,
+                     double learning_rate, double clip_norm) {
+  // optax.clip_by_global_norm then sgd (sparse._clipped_step_size), as UpdateOne above.
+  float step = static_cast<float>(learning_rate);
+  if (clip_norm > 0.0) {
+    const float norm = std::sqrt(static_cast<float>(SumOfSquares(g, n * r)) + values_sq);
+    if (!(norm < static_cast<float>(clip_norm))) {
+      step = static_cast<float>(learning_rate * clip_norm) / std::max(norm, 1e-38f);
+    }
+  }
+  int64_t j0 = 0;
+  for (; j0 + kDenseTile <= r; j0 += kDenseTile) DenseTile<kDenseTile>(x, g, out, n, r, j0, step);
+  // The last r mod 256 columns: tiles of 128, 64, 32 and 16 as they fit, then fewer than 16.
+  if (j0 + 128 <= r) {
+    DenseTile<128>(x, g, out, n, r, j0, step);
+    j0 += 128;
+  }
+  if (j0 + 64 <= r) {
+    DenseTile<64>(x, g, out, n, r, j0, step);
+    j0 += 64;
+  }
+  if (j0 + 32 <= r) {
+    DenseTile<32>(x, g, out, n, r, j0, step);
+    j0 += 32;
+  }
+  if (j0 + 16 <= r) {
+    DenseTile<16>(x, g, out, n, r, j0, step);
+    j0 += 16;
+  }
+  if (j0 < r) DenseTile<0>(x, g, out, n, r, j0, step, r - j0);
+  return step;
+}
+
+ffi::Error DenseUpdateImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<ffi::F32> gradient,
+                           ffi::Buffer<ffi::F32> values_sq, double learning_rate, double clip_norm,
+                           ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> step) {
+  const auto dims = addresses.dimensions();
+  const size_t rank = dims.size();
+  if (rank < 2 || gradient.dimensions().size() != rank) {
+    return ffi::Error::InvalidArgument("sdm_dense_update: addresses and gradient [..., n, r]");
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    if (gradient.dimensions()[i] != dims[i]) {
+      return ffi::Error::InvalidArgument("sdm_dense_update: the gradient's shape differs from the addresses'");
+    }
+  }
+  const int64_t n = dims[rank - 2], r = dims[rank - 1];
+  int64_t problems = 1;
+  for (size_t i = 0; i + 2 < rank; ++i) problems *= dims[i];
+  if (static_cast<int64_t>(values_sq.element_count()) != problems ||
+      static_cast<int64_t>(step->element_count()) != problems || out->element_count() != addresses.element_count()) {
+    return ffi::Error::InvalidArgument("sdm_dense_update: values_sq and step [...] (the leading dimensions)");
+  }
+  // Not aliased: the tiles read `addresses` and write `out` directly (no copy first).
+  for (int64_t p = 0; p < problems; ++p) {
+    const int64_t offset = p * n * r;
+    step->typed_data()[p] = DenseUpdateOne(addresses.typed_data() + offset, gradient.typed_data() + offset,
+                                           out->typed_data() + offset, values_sq.typed_data()[p], n, r, learning_rate,
+                                           clip_norm);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmDenseUpdate(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmDenseUpdate, DenseUpdateImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // addresses X [..., n, r]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // gradient G [..., n, r]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values_sq [...]
+                                  .Attr<double>("learning_rate")
+                                  .Attr<double>("clip_norm")
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // step size [...]

@@ -1,0 +1,126 @@
+"""The dense SGD step with the address update fused into one CPU kernel (issue 37 item 2).
+
+Synopsis::
+
+    sgd = sparse.SparseSGD(0.05, 1.0)                       # clip 1.0 -> sgd 0.05 -> projection
+    state, stats = fused_dense.train_step(state, x_uint8, y, valid, spec=spec, sgd=sgd, regularizer=None)
+    # == train.train_step(state, x_uint8, y, valid, spec=spec, tx=fused_dense.optimizer(spec, sgd))
+    #    to float rounding; the same TrainState (opt_state included) and stats tuple
+
+`train.train_step` with plain SGD runs the optax chain clip_by_global_norm -> sgd -> projection
+(`optimizers.for_model`; the projection is `models.project_params`: every parameter clamped >= 0,
+each neuron's address, a column of the input-major hidden kernel [n, r], L2-normalised). XLA:CPU
+compiles it into ~13 passes over the address matrix (31 MB at r = 10,000; benchmarks/README.md,
+"The dense step at 10K"). Here the gradient is the same `jax.value_and_grad(train.loss_and_stats)`
+(a regulariser's penalty included), and then:
+
+- addresses: `cpu_kernels.dense_update` (`csrc/sparse_step.cc`, `SdmDenseUpdate`) reads G once
+  for the global norm (its squares plus the output layer's, `values_sq`), then, tile by tile of
+  columns, X and G once and writes X once (in place: the buffer is aliased), computing
+  l2_normalize(relu(X - step G)) per column. With the forward and weight-gradient matmuls that is
+  5 passes over the [n, r] matrices per step (4 without a clip);
+- every other parameter (the output kernel, small): relu(V - step dV) in XLA, with the step size
+  the kernel returns (the projection clamps them >= 0);
+- opt_state is passed through unchanged: plain SGD's is a tuple of `optax.EmptyState`s, so a
+  state can go back and forth between this step and `train.train_step`.
+
+The GABA counters, the step counter and the stats tuple are `train.train_step`'s. It takes the
+models and regularisers the sparse step takes (`sparse.eligible(spec, optimizer="sgd", ...)`:
+SDM constraint, no biases, no dropout, a fixed-k schedule) with no regulariser or EWC, MAS or L2
+(their penalty is in the gradient); SI's path integral is refused (`ineligibility`): it stays on
+`train.train_step`. Where the kernel is not used (`sgd.address_kernel()` is "xla": not the CPU
+backend, no C++ compiler, or `SparseSGD(kernel="xla")`) the step is `train.train_step` with the
+equivalent optax chain (`optimizer`), so it is correct everywhere. `tests/fused_dense_test.py`
+checks it against `train.train_step` (max |difference| ~1e-7 on the params after 10 steps);
+`benchmarks/dense_update.py` times it: at r = 10,000, B = 128, during the GABA switch, one core of the
+loaded 2-core AVX-512 VM (2026-11-25), 57.8 ms per step against the optax step's 83.7 ms and the
+two matmuls' 44.6 ms (1.30x the floor instead of 1.88x); at r = 1,000 5.1 ms against 5.7 ms
+(floor 4.3 ms).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sdm_jax.core import sdm_layer
+from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, train
+
+
+def optimizer(spec: models.ModelSpec, sgd: sparse.SparseSGD) -> optax.GradientTransformation:
+  """The optax chain this step implements: `optimizers.for_model(spec, "sgd", ...)` with `sgd`'s
+  learning rate and clip (clip_by_global_norm -> sgd -> projection)."""
+  return optimizers.for_model(spec, "sgd", learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
+
+
+def ineligibility(spec: models.ModelSpec, regularizer: regularizers.RegularizerSpec | None = None) -> str | None:
+  """Why this step cannot train the model (None if it can): `sparse.ineligibility` with plain SGD,
+  and SI (its path integral needs the update the optax step makes: use `train.train_step`)."""
+  if regularizer is not None and regularizer.method == "si":
+    return "regulariser 'si' (its path integral stays on train.train_step)"
+  return sparse.ineligibility(spec, optimizer="sgd", regularizer=regularizer)
+
+
+def train_step(
+  state: train.TrainState,
+  x_uint8,
+  y,
+  valid,
+  *,
+  spec: models.ModelSpec,
+  sgd: sparse.SparseSGD,
+  regularizer: regularizers.RegularizerSpec | None = None,
+):
+  """One SGD step on one (possibly partly padded) batch, the address update in one CPU kernel.
+
+  The contract of `train.train_step` with `tx=optimizer(spec, sgd)`: returns the new state and
+  (loss sum, correct, activity sum [r], active count, sparse steps = 0), equal to it to float
+  rounding. `regularizer`: None, EWC, MAS or L2 (its values may be a population member's,
+  `train.member_regularizer`). Raises ValueError for a model or regulariser it cannot train
+  (`ineligibility`) or an optimiser state that is not plain SGD's (e.g. a population's injected
+  learning rate).
+  """
+  why = ineligibility(spec, regularizer)
+  if why is not None:
+    raise ValueError(f"fused_dense.train_step cannot train this model: {why}")
+  tx = optimizer(spec, sgd)
+  if jax.tree.structure(state.opt_state) != jax.tree.structure(jax.eval_shape(tx.init, state.params)):
+    raise ValueError(
+      "fused_dense.train_step: state.opt_state is not plain SGD's (optimizers.for_model(spec, 'sgd')), "
+      f"got {jax.tree.structure(state.opt_state)}"
+    )
+  if sgd.address_kernel() != "ffi":  # not on CPU, or no kernel: the optax chain it equals
+    return train.train_step(state, x_uint8, y, valid, spec=spec, tx=tx, regularizer=regularizer)
+
+  x = train.to_float_input(x_uint8)
+  regularizer = train.member_regularizer(regularizer, state)
+  grad_fn = jax.value_and_grad(train.loss_and_stats, has_aux=True)
+  (loss, (logits, hidden)), grads = grad_fn(
+    state.params, state, x, y, valid, spec=spec, dropout_key=None, regularizer=regularizer
+  )
+  params = _sgd_update(state.params, grads, sgd)
+
+  # train.train_step's bookkeeping (no data axis here).
+  n_valid = valid.sum()
+  correct = jnp.sum((jnp.argmax(logits, -1) == y) & valid)
+  activity = jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0)
+  fired_per_neuron = sdm_layer.firings(hidden, valid)  # Eq. 12's C_i increment, as the layer counts it
+  counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
+  new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
+  stats = (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
+  return new_state, stats
+
+
+def _sgd_update(params: dict, grads: dict, sgd: sparse.SparseSGD) -> dict:
+  """clip_by_global_norm -> sgd -> `models.project_params` of an eligible model's params: the
+  hidden kernel by `cpu_kernels.dense_update`, every other leaf relu(p - step g) with its step."""
+  kernel, kernel_grad = params["hidden"]["kernel"], grads["hidden"]["kernel"]
+  rest = {**params, "hidden": {name: p for name, p in params["hidden"].items() if name != "kernel"}}
+  rest_grads = {**grads, "hidden": {name: g for name, g in grads["hidden"].items() if name != "kernel"}}
+  values_sq = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(rest_grads))
+  kernel, step_size = cpu_kernels.dense_update(
+    kernel, kernel_grad, values_sq, learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm
+  )
+  rest = jax.tree.map(lambda p, g: jax.nn.relu(p - step_size * g), rest, rest_grads)
+  return {**rest, "hidden": {**rest["hidden"], "kernel": kernel}}
