@@ -7,9 +7,12 @@ r"""One epoch of every Table 7 row's model, as the engine runs it, against the d
 For each width r and each Table 7 row trained by gradient descent (the FlyModel rows are one
 pass, closed form), in this process: the row's config (experiments/configs/split_mnist.py, with
 its neurons set to r), its model, optimiser and regulariser, and the train step the engine picks
-(`schema.sparse_step_for`: the sparse step where it is exact, else the dense one), run through
-`train.run_block` as the driver does: the sparse block, redone with the dense block if a step
-did not fit. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
+(`schema.step_policy_of`: the sparse step, with its forward cache, where it is exact, else the
+dense one), run through `step_policy.run_block` as the driver does: the sparse block, redone
+with the dense block if a step did not fit. "activations computed" is the share of the forward's
+activations the block computed (below 100%: the rest came from the forward cache). For a row with
+the GABA switch, "switch epoch" times the dense step from lambda = -1 (every unit fires, as for
+most of task 1's epochs) on the same data. `--compare_cache` adds every row with the cache off. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
 has one; a regularised row first consolidates once on the data (task 1's importances and
 anchors, as at the start of task 2). One epoch is N = 12,665 examples (MNIST task 0, the digits 0
 and 1), batch 128. The epochs run in compiled blocks of --block_epochs (default 10, the full
@@ -41,7 +44,7 @@ import numpy as np
 from benchmarks import epoch_time
 from experiments import schema
 from experiments.configs import split_mnist
-from sdm_jax.engine import sparse, train
+from sdm_jax.engine import sparse, step_policy, train
 from sdm_jax.runs import final_state
 
 _WIDTHS = flags.DEFINE_list("widths", ["1000", "10000"], "Hidden widths r.")
@@ -51,6 +54,9 @@ _ROWS = flags.DEFINE_list(
   "Table 7 rows (experiments/configs/split_mnist.py), each run at every width.",
 )
 _MAIN_JOB_STATE = flags.DEFINE_string("main_job_state", None, "final_state.npz of the main job (sdmlp, 1K).")
+_COMPARE_CACHE = flags.DEFINE_bool(
+  "compare_cache", False, "Also time every row with the sparse step's forward cache off (forward_cache_mib = 0)."
+)
 _BLOCK_EPOCHS = flags.DEFINE_integer(
   "block_epochs",
   10,
@@ -83,56 +89,49 @@ def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None):
   return states
 
 
-def row_runner(config, main_job_state=None):
-  """(run one block of --block_epochs epochs -> (active units per example, ran sparse), step name)
-  for a row's config."""
+def row_runner(config, main_job_state=None, *, cache_mib=None, switching=False):
+  """(run one block of --block_epochs epochs -> (active units per example, ran sparse, share of the
+  activations computed), the policy's description) for a row's config. `cache_mib`: the forward
+  cache's budget instead of the config's; `switching`: the dense step from lambda = -1 (every unit
+  fires, as early in the GABA switch) instead of the state after the switch."""
+  if cache_mib is not None:
+    config.forward_cache_mib = cache_mib
   spec = schema.model_spec(config)
-  tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
-  sparse_sgd = schema.sparse_step_for(config, spec)
+  policy, regularizer = schema.step_policy_of(config, spec), schema.regularizer_spec(config)
+  tx = policy.tx()
   x, y = map(jnp.asarray, epoch_time._data(_INPUTS, _EXAMPLES))
   sizes = jnp.asarray([_EXAMPLES], jnp.int32)
-  block = functools.partial(
-    train.make_train_block,
-    spec=spec,
-    tx=tx,
-    batch_size=_BATCH,
-    epochs=_BLOCK_EPOCHS.value,
-    seed_axis_data=False,
-    regularizer=regularizer,
-  )
-  dense = block()
-  fast = block(sparse_sgd=sparse_sgd) if sparse_sgd is not None else None
-  carry = {"states": _state(config, spec, tx, regularizer, x, y, sizes, main_job_state)}
+  blocks = policy.blocks(batch_size=_BATCH, epochs=_BLOCK_EPOCHS.value, seed_axis_data=False, regularizer=regularizer)
+  states = _state(config, spec, tx, regularizer, x, y, sizes, main_job_state)
+  if switching:
+    states, blocks = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts)), blocks._replace(sparse=None)
+  carry = {"states": states}
 
   def run_block():
-    states, metrics, ran_sparse = train.run_block(
-      carry["states"], x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
+    states, metrics, ran_sparse = step_policy.run_block(
+      carry["states"], x, y, sizes, jnp.int32(0), dense_block=blocks.dense, sparse_block=blocks.sparse
     )
     jax.block_until_ready(states)
+    if switching:  # stay at lambda = -1
+      states = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts))
     carry["states"] = states
-    return float(metrics.active_per_example[0, -1]), ran_sparse
+    return float(metrics.active_per_example[0, -1]), ran_sparse, float(np.mean(metrics.forward_fraction))
 
-  return run_block, _step_name(config, spec, regularizer, sparse_sgd)
-
-
-def _step_name(config, spec, regularizer, sparse_sgd) -> str:
-  if sparse_sgd is not None:
-    return "sparse (dense if a step overflows)"
-  why = sparse.ineligibility(spec, optimizer=config.optimizer.name, regularizer=regularizer)
-  return f"dense ({why})" if why else "dense"
+  return run_block, policy.describe()
 
 
 def time_row(run_block, rate_fn, repeats: int):
-  """(best seconds per epoch, best matmul rate, active units per example, every block ran sparse)."""
+  """(best seconds per epoch, best matmul rate, active units per example, every block ran sparse,
+  share of the activations computed in the last block)."""
   run_block()  # compile and warm up
-  best, best_rate, active, ran = float("inf"), 0.0, 0.0, []
+  best, best_rate, active, ran, computed = float("inf"), 0.0, 0.0, [], 1.0
   for _ in range(repeats):
     best_rate = max(best_rate, rate_fn())
     start = time.perf_counter()
-    active, ran_sparse = run_block()
+    active, ran_sparse, computed = run_block()
     best = min(best, (time.perf_counter() - start) / _BLOCK_EPOCHS.value)
     ran.append(ran_sparse)
-  return best, best_rate, active, all(ran)
+  return best, best_rate, active, all(ran), computed
 
 
 def main(argv):
@@ -142,23 +141,34 @@ def main(argv):
     f"{jax.default_backend()} | N={_EXAMPLES} examples/epoch, batch {_BATCH} | sparse kernels: "
     f"{sparse.SparseSGD(0.05).address_kernel()}"
   )
-  print("| r | row | step the engine takes | ran sparse | active/ex | epoch s | dense floor s | / floor |")
-  print("|---|---|---|---|---|---|---|---|")
+  print(
+    "| r | row | step the engine takes | ran sparse | active/ex | activations computed | epoch s | dense floor s | "
+    "/ floor | switch epoch s | / floor |"
+  )
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for width in map(int, _WIDTHS.value):
     rate_fn = functools.partial(epoch_time.matmul_rate, _BATCH, _INPUTS, width, repeats=10, rounds=3)
-    cases = [(row, row_config(row, width), None) for row in _ROWS.value]
+    cases = [(row, lambda row=row: row_config(row, width), None, None) for row in _ROWS.value]
+    if _COMPARE_CACHE.value:
+      cases += [(f"{row} (no forward cache)", lambda row=row: row_config(row, width), None, 0) for row in _ROWS.value]
     if _MAIN_JOB_STATE.value and width == 1000:
       # The main job's own size (quick: T scaled to 500K firings), so its counters mean what they did.
-      cases.append(("sdmlp (main job's trained layer)", row_config("sdmlp,quick", width), _MAIN_JOB_STATE.value))
+      main_job = lambda: row_config("sdmlp,quick", width)  # noqa: E731
+      cases.append(("sdmlp (main job's trained layer)", main_job, _MAIN_JOB_STATE.value, None))
     results = []
-    for name, config, state_file in cases:
-      run_epoch, step = row_runner(config, state_file)
-      results.append((name, step, *time_row(run_epoch, rate_fn, epoch_time._REPEATS.value)))
-    floor = 4 * _EXAMPLES * _INPUTS * width / max(rate for *_, rate, _, _ in results)
-    for name, step, seconds, _, active, ran in results:
+    for name, config, state_file, cache_mib in cases:
+      run_block, step = row_runner(config(), state_file, cache_mib=cache_mib)
+      timed = time_row(run_block, rate_fn, epoch_time._REPEATS.value)
+      switch = None
+      if config().model.k_schedule == "gaba" and state_file is None and cache_mib is None:
+        switch = time_row(row_runner(config(), switching=True)[0], rate_fn, epoch_time._REPEATS.value)
+      results.append((name, step, timed, switch))
+    floor = 4 * _EXAMPLES * _INPUTS * width / max(max(t[1], s[1] if s else 0) for _, _, t, s in results)
+    for name, step, (seconds, _, active, ran, computed), switch in results:
+      switch_cells = f"{switch[0]:.3f} | {switch[0] / floor:.2f}" if switch else "– | –"
       print(
-        f"| {width} | {name} | {step} | {'yes' if ran else 'no'} | {active:.1f} | {seconds:.3f} | {floor:.3f} | "
-        f"{seconds / floor:.2f} |",
+        f"| {width} | {name} | {step} | {'yes' if ran else 'no'} | {active:.1f} | {computed:.0%} | {seconds:.3f} | "
+        f"{floor:.3f} | {seconds / floor:.2f} | {switch_cells} |",
         flush=True,
       )
 

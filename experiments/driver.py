@@ -206,6 +206,8 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
       f"= {spec.hidden.switch_activations:.0f} activations (model.gaba_switch_epochs)"
     )
   tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
+  policy = schema.step_policy_of(config, spec)
+  logging.info(f"training step: {policy.describe()}")
   seeds, values = schema.members(config)  # a population: every combination of values x every seed
   init = functools.partial(
     train.init_states,
@@ -240,7 +242,7 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
     seed_axis=tasks.seed_axis,
     data_repeats=tasks.repeats,
     regularizer=regularizer,
-    sparse_sgd=schema.sparse_step_for(config, spec),
+    policy=policy,
     mesh=mesh,
   )
   # Every process builds the manager at the same point (orbax synchronises processes there); it
@@ -344,7 +346,7 @@ def _progress_line(block: continual.Block, progress: continual.Progress, config,
     f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
     f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
     f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
-    + ("sparse step | " if block.ran_sparse else "")
+    + (f"sparse step, forward {block.forward_fraction:.0%} | " if block.ran_sparse else "")
     + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1)
   )
 
@@ -394,7 +396,7 @@ def _train(
       if block.first_sparse:
         logging.info(
           f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
-          f"{engine.sparse_capacity} active units per example; continuing with the sparse SGD step "
+          f"{engine.blocks.capacity} active units per example; continuing with the sparse SGD step "
           "(exact, see sdm_jax/engine/sparse.py)"
         )
       if block.warning:

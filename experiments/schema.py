@@ -20,7 +20,7 @@ import numpy as np
 from sdm_jax import data as data_lib
 from sdm_jax.core import sdm_layer
 from sdm_jax.runs import mesh as mesh_lib
-from sdm_jax.engine import continual, models, optimizers, regularizers, sparse, train, validation
+from sdm_jax.engine import continual, models, optimizers, regularizers, step_policy, validation
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
@@ -181,6 +181,9 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
     _fail("matmul_precision", f"must be one of {MATMUL_PRECISIONS}, got {config.matmul_precision!r}")
   if config.get("train_step", "auto") not in TRAIN_STEPS:
     _fail("train_step", f"must be one of {TRAIN_STEPS}, got {config.train_step!r}")
+  cache_mib = config.get("forward_cache_mib", 0)
+  if isinstance(cache_mib, bool) or not isinstance(cache_mib, int) or cache_mib < 0:
+    _fail("forward_cache_mib", f"must be a whole number of MiB >= 0 (0: no forward cache), got {cache_mib!r}")
   # The rules `fit.fit` applies to its arguments too (seeds: `_validate_values`).
   validation.check_schedule("config.", config.epochs_per_task, config.eval_every, config.batch_size)
   if not 0.0 <= config.get("validation_fraction", 0.0) <= 0.5:
@@ -369,33 +372,30 @@ def regularizer_spec(config: ml_collections.ConfigDict):
   )
 
 
-def sparse_step_for(config: ml_collections.ConfigDict, spec: models.ModelSpec):
-  """The sparse SGD step's settings if `train_step` allows it and it can be exact, else None."""
+def step_policy_of(config: ml_collections.ConfigDict, spec: models.ModelSpec) -> step_policy.StepPolicy:
+  """Which step trains the run's blocks (`step_policy.choose`), from `config.optimizer`,
+  `train_step`, the regulariser, the mesh and the population; `forward_cache_mib` the sparse
+  step's cache budget per model."""
   o = config.optimizer
-  if config.get("train_step", "auto") != "auto" or not sparse.eligible(
-    spec, optimizer=o.name, weight_decay=o.weight_decay, regularizer=regularizer_spec(config)
-  ):
-    return None
-  if train.resolve_seed_loop("auto") != "map":
-    return None  # under vmap, lax.cond runs both branches: no gain (measured on CPU only)
-  if mesh_lib.data_axis(mesh_of(config)) is not None:
-    return None  # the sparse step is not data-parallel
-  if any(_population_values(config, field) for field in DENSE_POPULATION_FIELDS):
-    return None  # each model its own learning rate, k or T: the dense step (`DENSE_POPULATION_FIELDS`)
-  return sparse.SparseSGD(o.learning_rate, o.clip_norm or None)
-
-
-def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
-  o = config.optimizer
-  return optimizers.for_model(
+  return step_policy.choose(
     spec,
-    o.name,
-    o.learning_rate,
+    optimizer=o.name,
+    learning_rate=o.learning_rate,
     clip_norm=o.clip_norm or None,
     momentum=o.momentum,
     weight_decay=o.weight_decay,
-    inject_learning_rate=bool(_population_values(config, "optimizer.learning_rate")),
+    regularizer=regularizer_spec(config),
+    train_step=config.get("train_step", "auto"),
+    data_parallel=mesh_lib.data_axis(mesh_of(config)) is not None,
+    per_model_step=any(_population_values(config, field) for field in DENSE_POPULATION_FIELDS),
+    cache_bytes=int(config.get("forward_cache_mib", step_policy.DEFAULT_CACHE_BYTES >> 20)) << 20,
   )
+
+
+def make_tx(config: ml_collections.ConfigDict, spec: models.ModelSpec):
+  """The dense step's optax chain (`StepPolicy.tx`), the learning rate in its state for a population."""
+  inject = bool(_population_values(config, "optimizer.learning_rate"))
+  return step_policy_of(config, spec).tx(inject_learning_rate=inject)
 
 
 def data_identity(config: ml_collections.ConfigDict) -> dict | None:

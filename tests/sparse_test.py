@@ -11,7 +11,7 @@ import pytest
 
 from sdm_jax import data
 from sdm_jax.core import topk
-from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, step_policy, train
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   ran = []
   for _ in range(6):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(0))
-    b, b_metrics, ran_sparse = train.run_block(b, x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast)
+    b, b_metrics, ran_sparse = step_policy.run_block(b, x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast)
     ran.append(ran_sparse)
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
@@ -149,7 +149,7 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
   sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
   fast_step = jax.jit(functools.partial(sparse.train_step_with_penalty, spec=spec, sgd=sgd))
-  fast, _, stats = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), None, xb, yb, valid)
+  fast, _, stats, _ = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), None, xb, yb, valid)
   assert int(stats[-1]) == 1  # the step was exact
   chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
 
@@ -173,7 +173,7 @@ def test_automatic_address_path_and_touched_overflow():
   a, metrics = fast(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
   assert float(metrics.sparse_fraction[0, -1]) == 0.0  # every batch of 64 touches more than 3 neurons
   a, _ = dense(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
-  b, _, ran_sparse = train.run_block(
+  b, _, ran_sparse = step_policy.run_block(
     _switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
   )
   assert not ran_sparse

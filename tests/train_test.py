@@ -238,42 +238,6 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
   assert kept_first > plain_first + 0.2, (kept_first, plain_first)
 
 
-def test_sparse_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
-  """`run_block_scheduled`: no try before the active count is known or while it is above capacity;
-  a try that was not exact (the sparse block reports sparse_fraction < 1) retries
-  `SPARSE_RETRY_BLOCKS` (2) blocks later."""
-  calls = []
-
-  def block(kind, exact):
-    def run(states, *data):
-      calls.append(kind)
-      return states, train.EpochMetrics(*(jnp.zeros((1, 1)),) * 4, jnp.full((1, 1), 1.0 if exact else 0.5))
-
-    return run
-
-  states = {"w": jnp.zeros(2)}
-  schedule = train.SparseSchedule()
-  steps = [  # (active units last block, block index, sparse block exact, which block runs, retry_at, started)
-    (None, 3, True, "dense", 0, False),
-    (50.0, 3, True, "dense", 0, False),
-    (10.0, 3, False, "sparse", 5, False),
-    (10.0, 4, True, "dense", 5, False),
-    (10.0, 5, True, "sparse", 5, True),
-  ]
-  for active, index, exact, expect, retry_at, started in steps:
-    calls.clear()
-    _, _, ran_sparse, schedule = train.run_block_scheduled(
-      states,
-      dense_block=block("dense", True),
-      sparse_block=block("sparse", exact),
-      capacity=10,
-      schedule=schedule._replace(active_last=active),
-      block_index=index,
-    )
-    assert calls[0] == expect and ran_sparse == (expect == "sparse" and exact)
-    assert (schedule.retry_at, schedule.started) == (retry_at, started)
-
-
 @pytest.mark.parametrize("seed_loop", ["map", "vmap"])
 def test_over_seeds_with_repeated_data_rows_equals_one_row_per_model(seed_loop):
   """A population (2 grid points x 3 seeds) reads row m % 3 of the data without copying it per model."""

@@ -16,7 +16,6 @@ Synopsis (the pieces, as the drivers use them)::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -27,7 +26,7 @@ import optax
 
 from sdm_jax import data as data_lib
 from sdm_jax.core import topk
-from sdm_jax.engine import metrics, models, regularizers, sparse, train, validation
+from sdm_jax.engine import metrics, models, regularizers, step_policy, train, validation
 from sdm_jax.runs import metric_writers
 
 #: The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.
@@ -206,13 +205,13 @@ class Schedule:
 
 
 class Engine(NamedTuple):
-  """The compiled pieces of a run (`make_engine`): one block of epochs (dense, and sparse where it
-  can be exact), the task boundary of a regulariser, and the evaluation on every task."""
+  """The compiled pieces of a run (`make_engine`): its blocks of epochs and the policy that picks
+  the step of each (`step_policy`), the task boundary of a regulariser, and the evaluation on
+  every task."""
 
   spec: models.ModelSpec
-  train_block: Callable
-  sparse_block: Callable | None
-  sparse_capacity: int
+  policy: step_policy.StepPolicy
+  blocks: step_policy.Blocks
   end_task: Callable | None
   evaluate: Callable
 
@@ -225,23 +224,24 @@ def make_engine(
   seed_axis: bool,
   data_repeats: int = 1,
   regularizer: regularizers.RegularizerSpec | None = None,
-  sparse_sgd: sparse.SparseSGD | None = None,
+  policy: step_policy.StepPolicy | None = None,
   mesh=None,
 ) -> Engine:
-  """Builds (lazily compiles) the run's programs; `sparse_sgd` None: the dense step only.
-  `data_repeats`: `Tasks.repeats` of the data it will run on."""
+  """Builds (lazily compiles) the run's programs. `tx`: the dense step's chain; `policy`: which step
+  trains each block (`step_policy.choose`; None: the dense step only). `data_repeats`:
+  `Tasks.repeats` of the data it will run on."""
   shared = dict(seed_axis_data=seed_axis, data_repeats=data_repeats, mesh=mesh)
-  block = functools.partial(
-    train.make_train_block, spec=spec, tx=tx, batch_size=schedule.batch_size, epochs=schedule.eval_every, **shared
-  )
+  if policy is None:
+    policy = step_policy.StepPolicy(spec, step_policy.OptimizerSettings(), sgd=None, reason="no policy given")
   end_task = None
   if regularizer is not None:
     end_task = train.make_end_task(spec=spec, regularizer=regularizer, **shared)
   return Engine(
     spec=spec,
-    train_block=block(regularizer=regularizer),
-    sparse_block=block(regularizer=regularizer, sparse_sgd=sparse_sgd) if sparse_sgd is not None else None,
-    sparse_capacity=sparse_sgd.capacity(spec) if sparse_sgd is not None else 0,
+    policy=policy,
+    blocks=policy.blocks(
+      tx=tx, batch_size=schedule.batch_size, epochs=schedule.eval_every, regularizer=regularizer, **shared
+    ),
     end_task=end_task,
     evaluate=train.make_evaluate(spec=spec, **shared),
   )
@@ -261,7 +261,7 @@ class Progress:
   acc_task_il: np.ndarray
   blocks_done: int = 0
   dead_fraction: np.ndarray | None = None
-  sparse: train.SparseSchedule = train.SparseSchedule()
+  sparse: step_policy.Schedule = step_policy.Schedule()
   warnings: list = dataclasses.field(default_factory=list)
 
   @classmethod
@@ -291,7 +291,7 @@ class Progress:
       np.asarray(saved["acc_task_il"], float),
       saved["blocks_done"],
       None if dead is None else np.asarray(dead, float),
-      train.SparseSchedule(saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"]),
+      step_policy.Schedule(saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"]),
       list(saved.get("warnings", [])),
     )
 
@@ -311,6 +311,7 @@ class Block(NamedTuple):
   loss: np.ndarray  # last epoch's training loss
   ran_sparse: bool
   first_sparse: bool  # the run's first block on the sparse step
+  forward_fraction: float  # the share of the activations its forward computed (mean; < 1: the forward cache)
   warning: str | None
   steps: int  # optimiser steps per seed in this block
 
@@ -429,14 +430,8 @@ def run(
   for b in range(progress.blocks_done, per_task * num_tasks):  # (a range: nothing per block up front)
     task, block = divmod(b, per_task)
     train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
-    states, epoch_metrics, ran_sparse, sparse_schedule = train.run_block_scheduled(
-      states,
-      *train_data,
-      dense_block=engine.train_block,
-      sparse_block=engine.sparse_block,
-      capacity=engine.sparse_capacity,
-      schedule=progress.sparse,
-      block_index=progress.blocks_done,
+    states, epoch_metrics, ran_sparse, sparse_schedule = engine.policy.run_block(
+      engine.blocks, states, *train_data, schedule=progress.sparse, block_index=progress.blocks_done
     )
     counts = engine.evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
     counts, epoch_metrics, epochs_done, lam = real(
@@ -476,6 +471,7 @@ def run(
         np.asarray(epoch_metrics.loss[:, -1]),
         ran_sparse,
         first_sparse,
+        float(np.mean(epoch_metrics.forward_fraction)),
         warning,
         steps[task],
       ),

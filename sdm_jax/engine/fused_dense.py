@@ -1,4 +1,4 @@
-"""The dense SGD step with the address update fused into one CPU kernel (issue 37 item 2).
+"""The dense SGD step with the address update fused into one CPU kernel.
 
 Synopsis::
 
@@ -32,10 +32,7 @@ SDM constraint, no biases, no dropout, a fixed-k schedule) with no regulariser o
 backend, no C++ compiler, or `SparseSGD(kernel="xla")`) the step is `train.train_step` with the
 equivalent optax chain (`optimizer`), so it is correct everywhere. `tests/fused_dense_test.py`
 checks it against `train.train_step` (max |difference| ~1e-7 on the params after 10 steps);
-`benchmarks/dense_update.py` times it: at r = 10,000, B = 128, during the GABA switch, one core of the
-loaded 2-core AVX-512 VM (2026-11-25), 57.8 ms per step against the optax step's 83.7 ms and the
-two matmuls' 44.6 ms (1.30x the floor instead of 1.88x); at r = 1,000 5.1 ms against 5.7 ms
-(floor 4.3 ms).
+`benchmarks/dense_update.py` times it against the optax step and the two matmuls (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -250,11 +250,15 @@ def train_step_with_penalty(
   spec: models.ModelSpec,
   sgd: SparseSGD,
   regularizer: regularizers.RegularizerSpec | None = None,
+  activations: jax.Array | None = None,
 ):
   """One SGD step touching only the active units; `state.params` holds the neuron-major kernel.
 
-  The contract of `train.train_step` (x is float here): returns the new state, the penalty and
-  (loss sum, correct, activity sum [r], active count, fits). `fits` is 1 when the batch's active
+  The contract of `train.train_step` (x is float here): returns the new state, the penalty,
+  (loss sum, correct, activity sum [r], active count, fits) and the slots' neurons [S] (the
+  address rows the step may have moved besides a penalty's; ids >= r are padding: what
+  `forward_cache.mark_updated` records). `activations`: relu(X_a x) neuron-major [r, B] if the
+  caller has them (`forward_cache.activations`), else the step computes them. `fits` is 1 when the batch's active
   units fitted the slots (and the compact XLA path's touched rows), i.e. when the step was exact;
   otherwise the step dropped units and the caller redoes the block with the dense step
   (`train.run_block`; a per-step `lax.cond` fallback would cost buffer copies on every step).
@@ -263,11 +267,10 @@ def train_step_with_penalty(
   each address row's statistics at the new addresses (`Penalty.row_stats`), so that the next step
   of the same block reads θ, A and m once for the rows only the penalty moves (CPU kernel).
   """
-  # Padded examples get x = 0: no unit fires for them, so they take no slot.
-  x = topk.sdm_input(x.reshape(x.shape[0], -1)) * valid[:, None].astype(jnp.float32)
+  x = layer_input(x, valid)
   # Neuron-major activations [r, B], straight from the matmul: the selection's reductions
   # then run across contiguous batch entries.
-  a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T)
+  a = jax.nn.relu(state.params["hidden"]["kernel"] @ x.T) if activations is None else activations
   num_slots = sgd.num_slots(spec, x.shape[0])
   lam = (
     topk.gaba_lambda(state.gaba_counts, spec.hidden.switch_activations)
@@ -281,7 +284,14 @@ def train_step_with_penalty(
   state, stats, touched_fit, penalty = _sparse_update(
     state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty
   )
-  return state, penalty, stats + (((total <= num_slots) & touched_fit).astype(jnp.int32),)
+  fits = ((total <= num_slots) & touched_fit).astype(jnp.int32)
+  return state, penalty, stats + (fits,), slots[1]
+
+
+def layer_input(x, valid):
+  """The sparse step's input to the hidden layer: ReLU and L2 norm of each example (Eq. 1), zero
+  for padding (no unit fires for it, so it takes no slot)."""
+  return topk.sdm_input(x.reshape(x.shape[0], -1)) * valid[:, None].astype(jnp.float32)
 
 
 def _active_units(a, lam, *, spec, num_slots):

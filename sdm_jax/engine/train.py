@@ -20,7 +20,7 @@ or `lax.map` (CPU, where batched matmuls are slower) inside one program.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -30,7 +30,7 @@ import optax
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.core import sdm_layer
-from sdm_jax.engine import metrics, models, regularizers, sparse
+from sdm_jax.engine import forward_cache, metrics, models, regularizers, sparse
 
 
 @flax.struct.dataclass
@@ -102,6 +102,7 @@ class EpochMetrics(NamedTuple):
   dead_fraction: jax.Array  # summed activation over the epoch < 1e-4 (docs/reference_code.md#dead-neurons)
   active_per_example: jax.Array  # mean number of neurons > 0 per example
   sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py)
+  forward_fraction: jax.Array  # the share of the activations the forward computed (< 1: `forward_cache`)
 
 
 def init_state(
@@ -303,6 +304,8 @@ def train_epoch(
   regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
   penalty: sparse.Penalty | None = None,
+  cache: forward_cache.ForwardCache | None = None,
+  dense_step: Callable | None = None,
 ):
   """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
 
@@ -312,7 +315,10 @@ def train_epoch(
   `sparse_sgd`, steps are `sparse.train_step_with_penalty` and `state.params` must hold the
   neuron-major hidden kernel (`train_epochs` arranges that, and passes a regulariser's
   penalty as `penalty`, `sparse.penalty_of`, which the scan carries from step to step with
-  its per-row statistics). With
+  its per-row statistics), and with `cache` (`forward_cache`, the task's rows) takes its activations
+  from it, carrying it from step to step. Returns (state, metrics, cache). `dense_step`: the dense
+  step if not `train_step` with `tx`, with its contract and arguments (state, x_uint8, y, valid,
+  spec=, regularizer=), e.g. `fused_dense.train_step` bound to its optimiser (`step_policy`). With
   `data_axis`, every device of the axis draws the same order and takes its
   contiguous slice of each batch (`batch_size` must be a multiple of the
   axis size); whether a batch is skipped depends on the whole batch, so all
@@ -329,7 +335,7 @@ def train_epoch(
   positions = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
 
   def body(carry, batch):
-    state, totals, penalty = carry
+    state, totals, penalty, cache = carry
     idx, pos = batch
     run = pos[0] < task_size  # the batch holds valid rows (they come first)
     if data_axis is not None:
@@ -337,35 +343,51 @@ def train_epoch(
       idx, pos = (a.reshape(shards, batch_size // shards)[jax.lax.axis_index(data_axis)] for a in (idx, pos))
     valid = pos < task_size
 
-    def step(state, penalty):
+    x = to_float_input(x_task[idx])
+    computed, activations, step_index = jnp.ones(()), None, state.step
+    if cache is not None:
+      # Outside the `lax.cond` below: a cache passed through a conditional is copied on XLA:CPU.
+      addresses = state.params["hidden"]["kernel"]
+      activations, cache, computed = forward_cache.activations(
+        cache, addresses, sparse.layer_input(x, valid), idx, valid, step_index
+      )
+
+    def step(state, penalty, activations):
       if sparse_sgd is not None:
         # The penalty is carried: each step hands the next its row statistics (`sparse.Penalty`).
-        state, penalty, stats = sparse.train_step_with_penalty(
+        return sparse.train_step_with_penalty(
           state,
           penalty,
-          to_float_input(x_task[idx]),
+          x,
           y_task[idx],
           valid,
           spec=spec,
           sgd=sparse_sgd,
           regularizer=member_regularizer(regularizer, state),
+          activations=activations,
         )
-        return state, penalty, stats
-      state, stats = train_step(
-        state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
-      )
-      return state, penalty, stats
+      if dense_step is not None:
+        state, stats = dense_step(state, x_task[idx], y_task[idx], valid, spec=spec, regularizer=regularizer)
+      else:
+        state, stats = train_step(
+          state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
+        )
+      return state, penalty, stats, no_slots
 
-    def skip(state, penalty):
-      return state, penalty, zeros
+    def skip(state, penalty, activations):
+      return state, penalty, zeros, no_slots
 
-    state, penalty, stats = jax.lax.cond(run, step, skip, state, penalty)
-    totals = jax.tree.map(jnp.add, totals, stats)
-    return (state, totals, penalty), None
+    state, penalty, stats, neurons = jax.lax.cond(run, step, skip, state, penalty, activations)
+    if cache is not None:  # the rows the step moved: its slots' neurons, and a penalty's rows
+      cache = forward_cache.mark_updated(cache, neurons, step_index, None if penalty is None else penalty.rows)
+    totals = jax.tree.map(jnp.add, totals, (*stats, jnp.where(run, computed, 0.0)))
+    return (state, totals, penalty, cache), None
 
   zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()), jnp.zeros((), jnp.int32))
-  (state, (loss_sum, correct, activity, active, sparse_steps), penalty), _ = jax.lax.scan(
-    body, (state, zeros, penalty), (order, positions)
+  # The slots' neurons of a step that moved no address row (the dense step and skipped batches).
+  no_slots = jnp.full((sparse_sgd.num_slots(spec, batch_size) if sparse_sgd else 1,), spec.neurons, jnp.int32)
+  (state, (loss_sum, correct, activity, active, sparse_steps, computed), penalty, cache), _ = jax.lax.scan(
+    body, (state, (*zeros, jnp.zeros(())), penalty, cache), (order, positions)
   )
   count = jnp.maximum(task_size, 1).astype(jnp.float32)
   steps = jnp.maximum(-(-task_size // batch_size), 1)
@@ -375,8 +397,9 @@ def train_epoch(
     dead_fraction=metrics.dead_fraction(activity),
     active_per_example=active / count,
     sparse_fraction=sparse_steps / steps,
+    forward_fraction=computed / steps,
   )
-  return state.replace(epoch=state.epoch + 1), epoch_metrics
+  return state.replace(epoch=state.epoch + 1), epoch_metrics, cache
 
 
 def train_epochs(
@@ -393,19 +416,25 @@ def train_epochs(
   sparse_sgd: sparse.SparseSGD | None = None,
   regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
+  cache_bytes: int = 0,
+  dense_step: Callable | None = None,
 ):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
   With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.sparse`;
   the caller checks it is exact); the hidden kernel is carried neuron-major
-  inside the block and transposed back at its end.
+  inside the block and transposed back at its end. With `cache_bytes` > 0, when the task's
+  activations fit that many bytes, the sparse step's forward reads a `forward_cache` built at the
+  block's start (its first epoch computes every row) and dropped at its end.
   """
   x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
   # The penalty's A and m change only at task boundaries: laid out for the sparse step once per block.
   penalty = sparse.penalty_of(state.reg) if sparse_sgd is not None and regularizer is not None else None
+  cached = sparse_sgd is not None and forward_cache.fits(x_task.shape[0], spec.neurons, cache_bytes)
 
-  def body(state, _):
-    return train_epoch(
+  def body(carry, _):
+    state, cache = carry
+    state, epoch_metrics, cache = train_epoch(
       state,
       x_task,
       y_task,
@@ -417,11 +446,16 @@ def train_epochs(
       regularizer=regularizer,
       data_axis=data_axis,
       penalty=penalty,
+      cache=cache,
+      dense_step=dense_step,
     )
+    return (state, cache), epoch_metrics
 
   if sparse_sgd is None:
-    return jax.lax.scan(body, state, None, length=epochs)
-  state, metrics = jax.lax.scan(body, sparse.to_neuron_major_state(state), None, length=epochs)
+    (state, _), metrics = jax.lax.scan(body, (state, None), None, length=epochs)
+    return state, metrics
+  cache = forward_cache.empty(x_task.shape[0], spec.neurons) if cached else None
+  (state, _), metrics = jax.lax.scan(body, (sparse.to_neuron_major_state(state), cache), None, length=epochs)
   return sparse.to_neuron_major_state(state), metrics
 
 
@@ -499,6 +533,8 @@ def make_train_block(
   sparse_sgd: sparse.SparseSGD | None = None,
   regularizer: regularizers.RegularizerSpec | None = None,
   mesh=None,
+  cache_bytes: int = 0,
+  dense_step: Callable | None = None,
 ):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
@@ -510,7 +546,9 @@ def make_train_block(
     sparse_sgd: run the sparse SGD step instead of `tx` (the same clip -> sgd
       -> projection chain, computed only for the active units). Needs
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
-      where `metrics.sparse_fraction` is 1: run it through `run_block`.
+      where `metrics.sparse_fraction` is 1: run it through `step_policy.run_block`.
+    cache_bytes: with `sparse_sgd`, the byte budget of one model's `forward_cache` (0: none).
+    dense_step: the dense step instead of `train_step` with `tx` (`train_epoch`); one device per model.
     mesh: a `sdm_jax.runs.mesh` Mesh: the seeds (padded to a multiple of its
       `seed` axis) are split over `seed`, each batch over `data`; None: one device.
   """
@@ -520,8 +558,8 @@ def make_train_block(
     )
   data_axis = mesh_lib.data_axis(mesh)
   if data_axis is not None:
-    if sparse_sgd is not None:
-      raise ValueError("the sparse step is not data-parallel: use the dense step with a `data` mesh axis")
+    if sparse_sgd is not None or dense_step is not None:
+      raise ValueError("the sparse and fused steps are not data-parallel: use `train_step` with a `data` mesh axis")
     if regularizer is not None and regularizer.method == "si":
       raise ValueError("SI's path integral is not data-parallel: use a mesh without a `data` axis")
     if batch_size % mesh.shape[mesh_lib.DATA]:
@@ -537,6 +575,8 @@ def make_train_block(
     sparse_sgd=sparse_sgd,
     regularizer=regularizer,
     data_axis=data_axis,
+    cache_bytes=cache_bytes,
+    dense_step=dense_step,
   )
   fn = mesh_lib.shard_seeds(
     over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, data_repeats=data_repeats),
@@ -544,73 +584,6 @@ def make_train_block(
     seed_axis_data=seed_axis_data,
   )
   return jax.jit(fn, donate_argnums=0)
-
-
-def run_block(states: TrainState, *data, dense_block, sparse_block=None):
-  """One block of epochs, with the sparse step when it is exact, else the dense one.
-
-  The sparse block runs on the states and reports, per epoch, the fraction of
-  steps it took exactly; if any step was not exact (an example had more active
-  units than the sparse step carries), the block is redone with `dense_block`
-  from a copy of the input states. Returns (states, metrics, ran_sparse).
-  """
-  if sparse_block is None:
-    return (*dense_block(states, *data), False)
-  backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state
-  new_states, metrics = sparse_block(states, *data)
-  if bool(jnp.all(metrics.sparse_fraction == 1.0)):
-    return new_states, metrics, True
-  del new_states
-  return (*dense_block(backup, *data), False)
-
-
-class SparseSchedule(NamedTuple):
-  """When `run_block_scheduled` tries the sparse step (host-side bookkeeping, saved in checkpoints).
-
-  started: the sparse step has run exactly at least once; active_last: the
-  most active units per example in the last block's last epoch (None before
-  the first block); retry_at: the block index before which no try is made
-  (after a try that was not exact, `SPARSE_RETRY_BLOCKS` blocks later).
-  """
-
-  started: bool = False
-  active_last: float | None = None
-  retry_at: int = 0
-
-
-#: A try that overflowed the slots retries this many blocks later (if the active count allows it
-#: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
-#: task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
-SPARSE_RETRY_BLOCKS = 2
-
-
-def run_block_scheduled(
-  states: TrainState,
-  *data,
-  dense_block,
-  sparse_block=None,
-  capacity: int = 0,
-  schedule: SparseSchedule = SparseSchedule(),
-  block_index: int = 0,
-):
-  """`run_block`, trying the sparse step once the last block showed at most `capacity` active units
-  per example (the GABA switch nearly done); a try that was not exact backs off for a while.
-
-  Returns (states, metrics, ran_sparse, schedule); the caller records the new
-  block's active count with `schedule._replace(active_last=...)` once the
-  metrics are on the host (with several processes they are gathered first).
-  """
-  try_sparse = (
-    sparse_block is not None
-    and schedule.active_last is not None
-    and schedule.active_last <= capacity
-    and block_index >= schedule.retry_at
-  )
-  states, metrics, ran_sparse = run_block(
-    states, *data, dense_block=dense_block, sparse_block=sparse_block if try_sparse else None
-  )
-  retry_at = block_index + SPARSE_RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
-  return states, metrics, ran_sparse, schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at)
 
 
 def end_task(

@@ -47,7 +47,7 @@ import orbax.checkpoint as ocp
 
 #: Config fields that may change between a run and its resumption without changing its result
 #: (`mesh`: the device layout; states are saved without the seed padding, see sdm_jax/runs/mesh.py).
-RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints", "mesh")
+RESUMABLE_FIELDS = ("checkpoint_every_epochs", "keep_checkpoints", "mesh", "forward_cache_mib")
 
 
 @contextlib.contextmanager

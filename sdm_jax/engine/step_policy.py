@@ -1,0 +1,257 @@
+"""Which step trains each block of epochs: the one place that decides it.
+
+Synopsis::
+
+    policy = step_policy.choose(spec, optimizer="sgd", learning_rate=0.05, clip_norm=1.0)
+    tx = policy.tx()                                   # the optax chain of the dense step
+    blocks = policy.blocks(spec=spec, batch_size=128, epochs=10, seed_axis_data=False)
+    schedule = step_policy.Schedule()
+    for b in range(num_blocks):
+      states, metrics, ran_sparse, schedule = policy.run_block(blocks, states, *task_data,
+                                                               schedule=schedule, block_index=b)
+      schedule = schedule._replace(active_last=float(metrics.active_per_example.max()))
+
+A model trains with one of two steps that compute the same training to float rounding:
+
+- the dense step (`train.train_step`): the optax chain clip -> optimiser -> SDM projection, every
+  neuron's address read and written every step. It runs whatever the model, optimiser or
+  regulariser, and every step of the GABA switch (App. B.3), when every unit fires. Where the
+  sparse step could run, it is `fused_dense.train_step`: the same gradient, then clip, SGD,
+  clamp and projection of the addresses in one CPU kernel (5 passes over them instead of ~13);
+- the sparse SGD step (`sparse.py`): after the switch only the units that fired are stepped, and
+  its forward reads the activations that did not change from a `forward_cache`. It is exact only
+  for plain SGD with clipping, the SDM constraint, no biases or dropout and a fixed k
+  (`sparse.ineligibility`), one learning rate and k per program, one device per model.
+
+`StepPolicy` holds the decision and its reason, the optimiser both steps implement (one set of
+settings: `tx()` builds the dense chain, `sgd` the sparse step's), and the forward cache's memory
+budget. `run_block` tries the sparse step once the last block showed at most `capacity` active
+units per example, keeps it while it is exact, and after a block it could not take exactly
+(more active units than its slots hold: the first epochs of a new task) redoes the block with the
+dense step from a copy of the states and waits `RETRY_BLOCKS` blocks. Its host-side state,
+`Schedule`, is saved in checkpoints (`continual.Progress`). The sparse step's neuron-major layout
+and its cache live inside its compiled block (`train.train_epochs`): nothing outside a block sees
+them, so a run resumed from a checkpoint takes the same steps as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sdm_jax.engine import fused_dense, models, optimizers, regularizers, sparse, train
+
+#: One model's forward-cache budget in bytes (1 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
+#: floats, is 507 MB). A task whose cache would not fit keeps the dense forward in the sparse step.
+DEFAULT_CACHE_BYTES = 1 << 30
+#: Regularisers whose state changes only at consolidations, so that before the first one their
+#: penalty (its value and gradient 2 lambda A (theta - m), A = 0) is exactly zero and a block may
+#: skip it: the same numbers without its passes over theta, A and m. SI accumulates its path
+#: integral every step and keeps its block.
+UNPENALIZED_METHODS = ("ewc", "mas", "l2")
+#: A try that overflowed the slots retries this many blocks later (if the active count allows it
+#: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
+#: task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
+RETRY_BLOCKS = 2
+
+
+class OptimizerSettings(NamedTuple):
+  """The optimiser both steps implement (`optimizers.make_optimizer`'s arguments)."""
+
+  name: str = "sgd"
+  learning_rate: float = 0.05
+  clip_norm: float | None = 1.0
+  momentum: float = 0.9
+  weight_decay: float = 0.0
+
+
+class Schedule(NamedTuple):
+  """When `run_block` tries the sparse step (host-side bookkeeping, saved in checkpoints).
+
+  started: the sparse step has run exactly at least once; active_last: the
+  most active units per example in the last block's last epoch (None before
+  the first block); retry_at: the block index before which no try is made
+  (after a try that was not exact, `RETRY_BLOCKS` blocks later).
+  """
+
+  started: bool = False
+  active_last: float | None = None
+  retry_at: int = 0
+
+
+class Blocks(NamedTuple):
+  """The compiled blocks of epochs of one policy (`StepPolicy.blocks`): the dense one, and the
+  sparse one (None when the policy is dense) with the mean active units per example its slots hold.
+  `unpenalized`: the same without the regulariser, for blocks before its first consolidation,
+  whose penalty is exactly zero (EWC, MAS, L2 on a step that may skip it; else None)."""
+
+  dense: Callable
+  sparse: Callable | None
+  capacity: int
+  unpenalized: "Blocks | None" = None
+
+
+class StepPolicy(NamedTuple):
+  """Which step trains the blocks of a run (`choose`): `sgd` the sparse step's settings, or None
+  with `reason` saying why the dense step must train every block.
+
+  `optimizer`: the settings both steps implement; `cache_bytes`: one model's forward-cache budget
+  (0: the sparse step computes its forward densely); `spec`: the model.
+  """
+
+  spec: models.ModelSpec
+  optimizer: OptimizerSettings
+  sgd: sparse.SparseSGD | None
+  reason: str | None
+  cache_bytes: int = DEFAULT_CACHE_BYTES
+
+  def tx(self, *, inject_learning_rate: bool = False) -> optax.GradientTransformation:
+    """The dense step's chain: clip -> optimiser -> SDM projection (`optimizers.for_model`)."""
+    o = self.optimizer
+    return optimizers.for_model(
+      self.spec,
+      o.name,
+      o.learning_rate,
+      clip_norm=o.clip_norm or None,
+      momentum=o.momentum,
+      weight_decay=o.weight_decay,
+      inject_learning_rate=inject_learning_rate,
+    )
+
+  def describe(self) -> str:
+    """One line for logs and benchmarks: which step, and why."""
+    if self.sgd is None:
+      return f"dense ({self.reason})" if self.reason else "dense"
+    cache = f", forward cache up to {self.cache_bytes / 2**20:.0f} MiB per model" if self.cache_bytes else ""
+    return f"sparse after the switch (dense, fused, if a step overflows{cache})"
+
+  def blocks(
+    self,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed_axis_data: bool,
+    tx: optax.GradientTransformation | None = None,
+    regularizer: regularizers.RegularizerSpec | None = None,
+    **options,
+  ) -> Blocks:
+    """The run's compiled blocks of `epochs` epochs (`train.make_train_block`; `options`: seed_loop,
+    data_repeats, mesh). `tx`: the dense step's chain if not `self.tx()` (a population's, with its
+    learning rate in the optimiser state)."""
+    block = functools.partial(
+      train.make_train_block,
+      spec=self.spec,
+      tx=self.tx() if tx is None else tx,
+      batch_size=batch_size,
+      epochs=epochs,
+      seed_axis_data=seed_axis_data,
+      regularizer=regularizer,
+      **options,
+    )
+    if self.sgd is None:
+      return Blocks(dense=block(), sparse=None, capacity=0)
+    dense_block = block()
+    if fused_dense.ineligibility(self.spec, regularizer) is None:
+      dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd))
+    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
+    blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec))
+    if regularizer is not None and regularizer.method in UNPENALIZED_METHODS:
+      # (jit compiles lazily: a run that never trains before a consolidation never builds these.)
+      unpenalized = self.blocks(batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, tx=tx, **options)
+      blocks = blocks._replace(unpenalized=unpenalized)
+    return blocks
+
+  def run_block(self, blocks: Blocks, states, *data, schedule: Schedule = Schedule(), block_index: int = 0):
+    """One block of epochs on the step the schedule allows: the sparse one once the last block
+    showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
+    not before `schedule.retry_at`. Returns (states, metrics, ran_sparse, schedule); the caller
+    records the block's active count with `schedule._replace(active_last=...)` once the metrics
+    are on the host (with several processes they are gathered first)."""
+    if blocks.unpenalized is not None and not _any_slot_filled(states):
+      blocks = blocks.unpenalized  # the penalty is exactly zero: the same step without its passes
+    try_sparse = (
+      blocks.sparse is not None
+      and schedule.active_last is not None
+      and schedule.active_last <= blocks.capacity
+      and block_index >= schedule.retry_at
+    )
+    states, metrics, ran_sparse = run_block(
+      states, *data, dense_block=blocks.dense, sparse_block=blocks.sparse if try_sparse else None
+    )
+    retry_at = block_index + RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
+    return states, metrics, ran_sparse, schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at)
+
+
+def choose(
+  spec: models.ModelSpec,
+  *,
+  optimizer: str = "sgd",
+  learning_rate: float = 0.05,
+  clip_norm: float | None = 1.0,
+  momentum: float = 0.9,
+  weight_decay: float = 0.0,
+  regularizer: regularizers.RegularizerSpec | None = None,
+  train_step: str = "auto",
+  seed_loop: str = "auto",
+  data_parallel: bool = False,
+  per_model_step: bool = False,
+  cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> StepPolicy:
+  """The policy of a run: the sparse step wherever it is exact and pays, else the dense step.
+
+  `train_step` "dense" forces the dense step; `seed_loop` the loop over models
+  (`train.resolve_seed_loop`: the sparse step pays only under `lax.map`, where its `lax.cond`s run
+  one branch); `data_parallel`: a mesh splits each batch over devices (the sparse step is one
+  device's); `per_model_step`: each model of a population has its own learning rate, k or T (the
+  sparse step's kernels take one of each per program).
+  """
+  settings = OptimizerSettings(optimizer, learning_rate, clip_norm, momentum, weight_decay)
+  reason = None
+  if train_step not in ("auto", "dense"):
+    raise ValueError(f"train_step must be 'auto' or 'dense', got {train_step!r}")
+  if train_step == "dense":
+    reason = "train_step 'dense'"
+  else:
+    reason = sparse.ineligibility(spec, optimizer=optimizer, weight_decay=weight_decay, regularizer=regularizer)
+  if reason is None and train.resolve_seed_loop(seed_loop) != "map":
+    reason = "models under vmap (lax.cond runs both branches: no gain)"
+  if reason is None and data_parallel:
+    reason = "a data-parallel mesh (the sparse step is one device's)"
+  if reason is None and per_model_step:
+    reason = "a population with its own learning rate, k or T per model"
+  sgd = None if reason is not None else sparse.SparseSGD(learning_rate, clip_norm or None)
+  return StepPolicy(spec=spec, optimizer=settings, sgd=sgd, reason=reason, cache_bytes=cache_bytes)
+
+
+def run_block(states, *data, dense_block, sparse_block=None):
+  """One block of epochs, with the sparse step when it is exact, else the dense one.
+
+  The sparse block runs on the states and reports, per epoch, the fraction of
+  steps it took exactly; if any step was not exact (an example had more active
+  units than the sparse step carries), the block is redone with `dense_block`
+  from a copy of the input states. Returns (states, metrics, ran_sparse).
+  """
+  if sparse_block is None:
+    return (*dense_block(states, *data), False)
+  backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state
+  new_states, metrics = sparse_block(states, *data)
+  if bool(jnp.all(metrics.sparse_fraction == 1.0)):
+    return new_states, metrics, True
+  del new_states
+  return (*dense_block(backup, *data), False)
+
+
+def _any_slot_filled(states) -> bool:
+  """Whether any model's regulariser has consolidated (`RegState.filled`), read on the host; True
+  when it cannot be read here (arrays spread over processes), which keeps the penalty."""
+  filled = getattr(getattr(states, "reg", None), "filled", None)
+  if filled is None:
+    return False
+  if not getattr(filled, "is_fully_addressable", True):
+    return True
+  return bool(np.any(jax.device_get(filled)))

@@ -1,0 +1,130 @@
+"""The sparse step's forward from cached activations (`sdm_jax/engine/forward_cache.py`)."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax import data
+from sdm_jax.engine import cpu_kernels, forward_cache, models, optimizers, regularizers, sparse, train
+
+
+def _batch(rng, examples, inputs):
+  x = np.maximum(rng.normal(size=(examples, inputs)), 0).astype(np.float32)
+  return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def _addresses(rng, neurons, inputs):
+  a = rng.random((neurons, inputs)).astype(np.float32)
+  return jnp.asarray(a / np.linalg.norm(a, axis=1, keepdims=True))
+
+
+def test_cached_forward_equals_the_matmul_and_a_stale_cache_does_not():
+  """Examples visited, a few neurons moved and marked, examples visited again: every activation
+  equals relu(X x) bit for bit, with fewer columns computed; a moved neuron left unmarked (a stale
+  cache) is caught by the same comparison."""
+  rng = np.random.default_rng(0)
+  neurons, inputs, examples, batch = 160, 784, 48, 16
+  x_all, addresses = _batch(rng, examples, inputs), _addresses(rng, neurons, inputs)
+  forward = jax.jit(forward_cache.activations)
+  cache = forward_cache.empty(examples, neurons)
+  step = 0
+  for start in range(0, examples, batch):  # the first visits: dense
+    idx = jnp.arange(start, start + batch)
+    a, cache, computed = forward(cache, addresses, x_all[idx], idx, jnp.ones(batch, bool), step)
+    assert float(computed) == 1.0
+    np.testing.assert_array_equal(a, jax.nn.relu(addresses @ x_all[idx].T))
+    step += 1
+  for moved, mark in [([3, 77], True), ([5], True), ([9], False)]:
+    addresses = addresses.at[jnp.asarray(moved)].set(_addresses(rng, len(moved), inputs))
+    if mark:
+      cache = forward_cache.mark_updated(cache, jnp.asarray(moved), step)
+    idx = jnp.asarray(rng.permutation(examples)[:batch])
+    valid = jnp.arange(batch) < batch - 3  # the last three are padding: no activation, nothing recorded
+    a, cache, computed = forward(cache, addresses, x_all[idx] * valid[:, None], idx, valid, step)
+    step += 1
+    expected = jax.nn.relu(addresses @ (x_all[idx] * valid[:, None]).T)
+    assert float(computed) == 1 / 16  # the smallest tier: r / 16 columns
+    if mark:
+      np.testing.assert_array_equal(a, expected)
+    else:
+      assert not np.array_equal(a[9], expected[9])  # the stale neuron's column is wrong: caught
+    np.testing.assert_array_equal(cache.visited_at[idx[-3:]] < step - 1, True)  # padding: no visit recorded
+
+
+def test_many_stale_neurons_take_a_larger_tier_or_the_dense_matmul():
+  rng = np.random.default_rng(1)
+  neurons, inputs, batch = 64, 32, 8
+  x, addresses = _batch(rng, batch, inputs), _addresses(rng, neurons, inputs)
+  idx, valid = jnp.arange(batch), jnp.ones(batch, bool)
+  cache = forward_cache.empty(batch, neurons)
+  _, cache, _ = forward_cache.activations(cache, addresses, x, idx, valid, 0)
+  for stale, expected_share in [(4, 1 / 16), (5, 2 / 16), (16, 4 / 16), (20, 6 / 16), (32, 8 / 16), (33, 1.0)]:
+    marked = forward_cache.mark_updated(cache, jnp.arange(stale), 0)
+    a, _, computed = forward_cache.activations(marked, addresses, x, idx, valid, 1)
+    assert float(computed) == expected_share
+    np.testing.assert_array_equal(a, jax.nn.relu(addresses @ x.T))
+
+
+def test_budget():
+  assert forward_cache.nbytes(12_665, 10_000) == 506_600_000
+  assert forward_cache.fits(12_665, 1_000, 1 << 30) and not forward_cache.fits(12_665, 100_000, 1 << 30)
+  assert not forward_cache.fits(10, 10, 0)  # 0: off
+
+
+def _mnist_tasks(per_task=400):
+  ds = data.load_dataset("mnist")
+  classes = data.task_classes(data.class_order(None), 2)[:2]
+  splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
+  x, y, sizes = data.pad_tasks([(a[: per_task - 30 * i], b[: per_task - 30 * i]) for i, (a, b) in enumerate(splits)])
+  return jnp.asarray(x.reshape(x.shape[0], x.shape[1], -1)), jnp.asarray(y, jnp.int32), jnp.asarray(sizes)
+
+
+@pytest.mark.parametrize("regularizer", [None, regularizers.RegularizerSpec("ewc", 500.0)], ids=["plain", "ewc"])
+@pytest.mark.parametrize("kernel", ["ffi", pytest.param("xla", marks=pytest.mark.slow)])
+def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regularizer, kernel):
+  """Real MNIST, SDMLP past the switch: blocks of 3 epochs on task 1, the boundary (EWC's
+  importances), task 2. With the cache: the same parameters, counters and losses as the sparse step
+  without it, from epoch 2 of each block with only part of the activations computed; the run cut
+  after task 1, its states saved to the host and put back, ends bit for bit as the uninterrupted one."""
+  if kernel == "ffi" and not cpu_kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  x, y, sizes = _mnist_tasks()
+  spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
+  tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
+  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=3, seed_axis_data=False, regularizer=regularizer)
+  sgd = sparse.SparseSGD(0.1, 1.0, kernel=kernel)
+  plain = train.make_train_block(**kwargs, sparse_sgd=sgd)
+  cached = train.make_train_block(**kwargs, sparse_sgd=sgd, cache_bytes=1 << 22)
+  end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False) if regularizer else None
+
+  def start():
+    states = train.init_states(np.array([0, 1]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=2)
+    return states.replace(gaba_counts=states.gaba_counts + 10.0)  # every lambda = +1
+
+  def run(block, states, tasks):
+    out = []
+    for task in tasks:
+      states, metrics = block(states, x, y, sizes, jnp.int32(task))
+      out.append(metrics)
+      if end_task is not None and task == 0:
+        states = end_task(states, x, y, sizes, jnp.int32(0))
+    return states, out
+
+  a, a_metrics = run(plain, start(), [0, 1])
+  b, b_metrics = run(cached, start(), [0, 1])
+  for ma, mb in zip(a_metrics, b_metrics):
+    np.testing.assert_array_equal(np.asarray(mb.sparse_fraction), 1.0)
+    np.testing.assert_allclose(np.asarray(ma.loss), np.asarray(mb.loss), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(ma.forward_fraction), 1.0)
+    np.testing.assert_array_equal(np.asarray(mb.forward_fraction[:, 0]), 1.0)  # a block's first epoch: dense
+    assert float(np.max(mb.forward_fraction[:, 1:])) < 1.0  # then the cache
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+
+  halfway, _ = run(cached, start(), [0])
+  resumed, _ = run(cached, jax.device_put(jax.device_get(halfway)), [1])
+  chex.assert_trees_all_equal(resumed.params, b.params)
