@@ -12,7 +12,10 @@ dense one), run through `step_policy.run_block` as the driver does: the sparse b
 with the dense block if a step did not fit. "activations computed" is the share of the forward's
 activations the block computed (below 100%: the rest came from the forward cache). For a row with
 the GABA switch, "switch epoch" times the dense step from lambda = -1 (every unit fires, as for
-most of task 1's epochs) on the same data. `--compare_cache` adds every row with the cache off. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
+most of task 1's epochs), before any consolidation, on the same data; `--compare_dense` adds it
+with the optax step (`train_step="dense"`) beside the fused one. `--compare_cache` adds every row
+with the cache off. Blocks run through `StepPolicy.run_block` with its schedule, as in a run: a
+task where the cache does not pay drops it after its first cached block. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
 has one; a regularised row first consolidates once on the data (task 1's importances and
 anchors, as at the start of task 2). One epoch is N = 12,665 examples (MNIST task 0, the digits 0
 and 1), batch 128. The epochs run in compiled blocks of --block_epochs (default 10, the full
@@ -57,6 +60,9 @@ _MAIN_JOB_STATE = flags.DEFINE_string("main_job_state", None, "final_state.npz o
 _COMPARE_CACHE = flags.DEFINE_bool(
   "compare_cache", False, "Also time every row with the sparse step's forward cache off (forward_cache_mib = 0)."
 )
+_COMPARE_DENSE = flags.DEFINE_bool(
+  "compare_dense", False, "Also time the GABA switch with the optax dense step (train_step 'dense')."
+)
 _BLOCK_EPOCHS = flags.DEFINE_integer(
   "block_epochs",
   10,
@@ -74,8 +80,9 @@ def row_config(row: str, width: int):
   return config
 
 
-def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None):
-  """One seed's state: after the switch (or the main job's layer), consolidated once if regularised."""
+def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None, consolidate=True):
+  """One seed's state: after the switch (or the main job's layer), consolidated once if regularised
+  and `consolidate`."""
   states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=5)
   if main_job_state is not None:
     saved = final_state.load(main_job_state)
@@ -83,38 +90,43 @@ def _state(config, spec, tx, regularizer, x, y, sizes, main_job_state=None):
     states = states.replace(params=params, gaba_counts=jnp.asarray(saved.gaba_counts[:1]))
   elif spec.hidden.k_schedule == "gaba":
     states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, spec.hidden.switch_activations))
-  if regularizer is not None:
+  if regularizer is not None and consolidate:
     end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
     states = end_task(states, x, y, sizes, jnp.int32(0))
   return states
 
 
-def row_runner(config, main_job_state=None, *, cache_mib=None, switching=False):
+def row_runner(config, main_job_state=None, *, cache_mib=None, switching=False, optax_step=False):
   """(run one block of --block_epochs epochs -> (active units per example, ran sparse, share of the
-  activations computed), the policy's description) for a row's config. `cache_mib`: the forward
+  activations computed), the policy's description) for a row's config, through `StepPolicy.run_block`
+  as the driver calls it (its schedule carried from block to block). `cache_mib`: the forward
   cache's budget instead of the config's; `switching`: the dense step from lambda = -1 (every unit
-  fires, as early in the GABA switch) instead of the state after the switch."""
+  fires, as for most of task 1's epochs), before any consolidation (the switch happens in task 1);
+  `optax_step`: with `train_step="dense"` (the optax chain, not the fused kernel)."""
   if cache_mib is not None:
     config.forward_cache_mib = cache_mib
+  if optax_step:
+    config.train_step = "dense"
   spec = schema.model_spec(config)
   policy, regularizer = schema.step_policy_of(config, spec), schema.regularizer_spec(config)
   tx = policy.tx()
   x, y = map(jnp.asarray, epoch_time._data(_INPUTS, _EXAMPLES))
   sizes = jnp.asarray([_EXAMPLES], jnp.int32)
   blocks = policy.blocks(batch_size=_BATCH, epochs=_BLOCK_EPOCHS.value, seed_axis_data=False, regularizer=regularizer)
-  states = _state(config, spec, tx, regularizer, x, y, sizes, main_job_state)
+  states = _state(config, spec, tx, regularizer, x, y, sizes, main_job_state, consolidate=not switching)
   if switching:
-    states, blocks = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts)), blocks._replace(sparse=None)
-  carry = {"states": states}
+    states = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts))
+  # A schedule that allows the sparse step at once (no active count above capacity is known).
+  carry = {"states": states, "schedule": step_policy.Schedule(active_last=None if switching else 0.0), "index": 0}
 
   def run_block():
-    states, metrics, ran_sparse = step_policy.run_block(
-      carry["states"], x, y, sizes, jnp.int32(0), dense_block=blocks.dense, sparse_block=blocks.sparse
+    states, metrics, ran_sparse, schedule = policy.run_block(
+      blocks, carry["states"], x, y, sizes, jnp.int32(0), schedule=carry["schedule"], block_index=carry["index"]
     )
     jax.block_until_ready(states)
     if switching:  # stay at lambda = -1
       states = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts))
-    carry["states"] = states
+    carry.update(states=states, schedule=schedule, index=carry["index"] + 1)
     return float(metrics.active_per_example[0, -1]), ran_sparse, float(np.mean(metrics.forward_fraction))
 
   return run_block, policy.describe()
@@ -143,9 +155,9 @@ def main(argv):
   )
   print(
     "| r | row | step the engine takes | ran sparse | active/ex | activations computed | epoch s | dense floor s | "
-    "/ floor | switch epoch s | / floor |"
+    "/ floor | switch epoch s | / floor | switch, optax step | / floor |"
   )
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for width in map(int, _WIDTHS.value):
     rate_fn = functools.partial(epoch_time.matmul_rate, _BATCH, _INPUTS, width, repeats=10, rounds=3)
     cases = [(row, lambda row=row: row_config(row, width), None, None) for row in _ROWS.value]
@@ -159,16 +171,20 @@ def main(argv):
     for name, config, state_file, cache_mib in cases:
       run_block, step = row_runner(config(), state_file, cache_mib=cache_mib)
       timed = time_row(run_block, rate_fn, epoch_time._REPEATS.value)
-      switch = None
+      switch = optax_switch = None
       if config().model.k_schedule == "gaba" and state_file is None and cache_mib is None:
         switch = time_row(row_runner(config(), switching=True)[0], rate_fn, epoch_time._REPEATS.value)
-      results.append((name, step, timed, switch))
-    floor = 4 * _EXAMPLES * _INPUTS * width / max(max(t[1], s[1] if s else 0) for _, _, t, s in results)
-    for name, step, (seconds, _, active, ran, computed), switch in results:
-      switch_cells = f"{switch[0]:.3f} | {switch[0] / floor:.2f}" if switch else "– | –"
+        if _COMPARE_DENSE.value:
+          optax_runner = row_runner(config(), switching=True, optax_step=True)[0]
+          optax_switch = time_row(optax_runner, rate_fn, epoch_time._REPEATS.value)
+      results.append((name, step, timed, switch, optax_switch))
+    rates = [timed[1] for *_, timed, _, _ in results] + [t[1] for *_, s, o in results for t in (s, o) if t]
+    floor = 4 * _EXAMPLES * _INPUTS * width / max(rates)
+    cells = lambda timed: f"{timed[0]:.3f} | {timed[0] / floor:.2f}" if timed else "– | –"  # noqa: E731
+    for name, step, (seconds, _, active, ran, computed), switch, optax_switch in results:
       print(
         f"| {width} | {name} | {step} | {'yes' if ran else 'no'} | {active:.1f} | {computed:.0%} | {seconds:.3f} | "
-        f"{floor:.3f} | {seconds / floor:.2f} | {switch_cells} |",
+        f"{floor:.3f} | {seconds / floor:.2f} | {cells(switch)} | {cells(optax_switch)} |",
         flush=True,
       )
 

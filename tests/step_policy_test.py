@@ -110,3 +110,32 @@ def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit
   assert not step_policy._any_slot_filled(start())
   filled = start()
   assert step_policy._any_slot_filled(filled.replace(reg=filled.reg.replace(filled=jnp.ones_like(filled.reg.filled))))
+
+
+def test_the_forward_cache_is_dropped_for_the_rest_of_a_task_where_it_does_not_pay():
+  """A cached block whose epochs after the first computed >= `CACHE_PAYS_BELOW` of the activations:
+  the task's later blocks run the uncached sparse block; the next task tries the cache again."""
+  calls = []
+
+  def block(kind, computed):
+    def run(states, *data):
+      calls.append(kind)
+      fraction = jnp.asarray([[1.0, computed, computed]])
+      return states, train.EpochMetrics(*(jnp.zeros((1, 3)),) * 4, jnp.ones((1, 3)), fraction)
+
+    return run
+
+  policy = step_policy.choose(models.sdmlp(784, 100, 10, k=5))
+  schedule = step_policy.Schedule(active_last=1.0)
+  for computed, task, expect, uncached_task in [
+    (0.25, 0, "cached", -1),  # pays
+    (0.9, 0, "cached", 0),  # does not pay: the rest of task 0 without it
+    (0.9, 0, "uncached", 0),
+    (0.9, 1, "cached", 1),  # a new task tries again
+  ]:
+    blocks = step_policy.Blocks(
+      dense=block("dense", 1.0), sparse=block("cached", computed), capacity=10, uncached=block("uncached", 1.0)
+    )
+    calls.clear()
+    _, _, ran_sparse, schedule = policy.run_block(blocks, {"w": jnp.zeros(2)}, schedule=schedule, task=task)
+    assert calls == [expect] and ran_sparse and schedule.uncached_task == uncached_task

@@ -277,6 +277,7 @@ class Progress:
       sparse_started=self.sparse.started,
       active_last=self.sparse.active_last,
       sparse_retry_at=self.sparse.retry_at,
+      sparse_uncached_task=self.sparse.uncached_task,
       warnings=self.warnings,
     )
 
@@ -291,7 +292,9 @@ class Progress:
       np.asarray(saved["acc_task_il"], float),
       saved["blocks_done"],
       None if dead is None else np.asarray(dead, float),
-      step_policy.Schedule(saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"]),
+      step_policy.Schedule(
+        saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"], saved.get("sparse_uncached_task", -1)
+      ),
       list(saved.get("warnings", [])),
     )
 
@@ -431,7 +434,7 @@ def run(
     task, block = divmod(b, per_task)
     train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
     states, epoch_metrics, ran_sparse, sparse_schedule = engine.policy.run_block(
-      engine.blocks, states, *train_data, schedule=progress.sparse, block_index=progress.blocks_done
+      engine.blocks, states, *train_data, schedule=progress.sparse, block_index=progress.blocks_done, task=task
     )
     counts = engine.evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
     counts, epoch_metrics, epochs_done, lam = real(

@@ -54,6 +54,11 @@ DEFAULT_CACHE_BYTES = 1 << 30
 #: skip it: the same numbers without its passes over theta, A and m. SI accumulates its path
 #: integral every step and keeps its block.
 UNPENALIZED_METHODS = ("ewc", "mas", "l2")
+#: The forward cache pays when, after a block's first epoch (which computes every row), its steps
+#: computed less than this share of the activations on average; above it, the cache's own traffic
+#: (each batch's rows gathered and written back) costs about what the skipped matmul rows save, and
+#: the rest of the task runs without it (`StepPolicy.run_block`).
+CACHE_PAYS_BELOW = 0.75
 #: A try that overflowed the slots retries this many blocks later (if the active count allows it
 #: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
 #: task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
@@ -76,17 +81,20 @@ class Schedule(NamedTuple):
   started: the sparse step has run exactly at least once; active_last: the
   most active units per example in the last block's last epoch (None before
   the first block); retry_at: the block index before which no try is made
-  (after a try that was not exact, `RETRY_BLOCKS` blocks later).
+  (after a try that was not exact, `RETRY_BLOCKS` blocks later); uncached_task: the task in which
+  the forward cache was found not to pay (`CACHE_PAYS_BELOW`), whose later blocks run without it.
   """
 
   started: bool = False
   active_last: float | None = None
   retry_at: int = 0
+  uncached_task: int = -1
 
 
 class Blocks(NamedTuple):
   """The compiled blocks of epochs of one policy (`StepPolicy.blocks`): the dense one, and the
-  sparse one (None when the policy is dense) with the mean active units per example its slots hold.
+  sparse one (None when the policy is dense) with the mean active units per example its slots hold;
+  `uncached`: the sparse one without the forward cache (None when it has none).
   `unpenalized`: the same without the regulariser, for blocks before its first consolidation,
   whose penalty is exactly zero (EWC, MAS, L2 on a step that may skip it; else None)."""
 
@@ -94,6 +102,7 @@ class Blocks(NamedTuple):
   sparse: Callable | None
   capacity: int
   unpenalized: "Blocks | None" = None
+  uncached: Callable | None = None
 
 
 class StepPolicy(NamedTuple):
@@ -159,17 +168,21 @@ class StepPolicy(NamedTuple):
     if fused_dense.ineligibility(self.spec, regularizer) is None:
       dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd))
     sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
-    blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec))
+    uncached = block(sparse_sgd=self.sgd) if self.cache_bytes else None
+    blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec), uncached=uncached)
     if regularizer is not None and regularizer.method in UNPENALIZED_METHODS:
       # (jit compiles lazily: a run that never trains before a consolidation never builds these.)
       unpenalized = self.blocks(batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, tx=tx, **options)
       blocks = blocks._replace(unpenalized=unpenalized)
     return blocks
 
-  def run_block(self, blocks: Blocks, states, *data, schedule: Schedule = Schedule(), block_index: int = 0):
+  def run_block(
+    self, blocks: Blocks, states, *data, schedule: Schedule = Schedule(), block_index: int = 0, task: int = 0
+  ):
     """One block of epochs on the step the schedule allows: the sparse one once the last block
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
-    not before `schedule.retry_at`. Returns (states, metrics, ran_sparse, schedule); the caller
+    not before `schedule.retry_at`; with its forward cache unless the cache did not pay earlier in
+    this `task` (`CACHE_PAYS_BELOW`). Returns (states, metrics, ran_sparse, schedule); the caller
     records the block's active count with `schedule._replace(active_last=...)` once the metrics
     are on the host (with several processes they are gathered first)."""
     if blocks.unpenalized is not None and not _any_slot_filled(states):
@@ -180,11 +193,15 @@ class StepPolicy(NamedTuple):
       and schedule.active_last <= blocks.capacity
       and block_index >= schedule.retry_at
     )
-    states, metrics, ran_sparse = run_block(
-      states, *data, dense_block=blocks.dense, sparse_block=blocks.sparse if try_sparse else None
-    )
+    cached = blocks.uncached is not None and schedule.uncached_task != task
+    sparse_block = (blocks.sparse if cached else blocks.uncached or blocks.sparse) if try_sparse else None
+    states, metrics, ran_sparse = run_block(states, *data, dense_block=blocks.dense, sparse_block=sparse_block)
     retry_at = block_index + RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
-    return states, metrics, ran_sparse, schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at)
+    uncached_task = schedule.uncached_task
+    if ran_sparse and cached and not _cache_pays(metrics.forward_fraction):
+      uncached_task = task
+    schedule = schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at, uncached_task=uncached_task)
+    return states, metrics, ran_sparse, schedule
 
 
 def choose(
@@ -255,3 +272,10 @@ def _any_slot_filled(states) -> bool:
   if not getattr(filled, "is_fully_addressable", True):
     return True
   return bool(np.any(jax.device_get(filled)))
+
+
+def _cache_pays(forward_fraction) -> bool:
+  """Whether a cached block's epochs after its first computed less than `CACHE_PAYS_BELOW` of
+  their activations (every model's mean; a block of one epoch tells nothing: True)."""
+  later = np.asarray(jax.device_get(forward_fraction))[..., 1:]
+  return later.size == 0 or float(later.mean()) < CACHE_PAYS_BELOW
