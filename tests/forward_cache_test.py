@@ -66,7 +66,8 @@ def test_many_stale_neurons_take_a_larger_tier_or_the_dense_matmul():
     marked = forward_cache.mark_updated(cache, jnp.arange(stale), 0)
     a, _, computed = forward_cache.activations(marked, addresses, x, idx, valid, 1)
     assert float(computed) == expected_share
-    np.testing.assert_array_equal(a, jax.nn.relu(addresses @ x.T))
+    # (Bitwise on JAX 0.10's XLA:CPU; JAX 0.12 picks another dot kernel for these tiny shapes.)
+    np.testing.assert_allclose(a, jax.nn.relu(addresses @ x.T), rtol=1e-6, atol=1e-7)
 
 
 def test_budget():

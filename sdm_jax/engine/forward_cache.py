@@ -18,8 +18,9 @@ that many rows, and takes every other column from the cache. The selection (the 
 GABA lambdas, Eq. 4) then runs on the whole row as before.
 
 The gathered matmul computes each entry as the dense one does (the same reduction over the
-inputs), so on XLA:CPU the cached forward equals the dense one bit for bit (`forward_cache_test`
-checks it); elsewhere it may differ in the last bit, as any change of matmul shape may.
+inputs), so on XLA:CPU (JAX 0.10) the cached forward equals the dense one bit for bit
+(`forward_cache_test` checks it); elsewhere it may differ in the last bit, as any change of matmul
+shape may (JAX 0.12's XLA:CPU does for tiny layers).
 
 Costs. The recomputed rows come in tiers from r/16 to r/2 neurons (`TIERS`, one `lax.switch`:
 only the taken branch runs); more stale neurons than r/2, or an example never visited (a
