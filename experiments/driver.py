@@ -208,6 +208,9 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
   tx, regularizer = schema.make_tx(config, spec), schema.regularizer_spec(config)
   policy = schema.step_policy_of(config, spec)
   logging.info(f"training step: {policy.describe()}")
+  zero_inputs = continual.zero_input_warning(tasks, spec)  # (before the data is split over devices)
+  if zero_inputs:
+    logging.warning(zero_inputs)
   seeds, values = schema.members(config)  # a population: every combination of values x every seed
   init = functools.partial(
     train.init_states,
@@ -262,6 +265,8 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
     if note:
       logging.warning(note)
     states, progress, elapsed_before = _resume(restored, checkpoints, mesh, tasks, config)
+  if zero_inputs and zero_inputs not in progress.warnings:
+    progress.warnings.append(zero_inputs)
   return _train(
     config,
     workdir,
@@ -346,6 +351,7 @@ def _progress_line(block: continual.Block, progress: continual.Progress, config,
     f"full acc {block.full.mean():.4f}{spread} | seen acc {block.seen.mean():.4f} | "
     f"loss {block.loss.mean():.4f} | dead {np.mean([r['dead_fraction'] for r in last]):.3f} | "
     f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
+    f"a* {np.mean([r['output_mean'] for r in last]):.3g} | "
     + (f"sparse step, forward {block.forward_fraction:.0%} | " if block.ran_sparse else "")
     + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1)
   )

@@ -226,6 +226,7 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
             seen_accuracy=0.5,
             dead_fraction=rng.random() * 0.2,
             active_per_example=10 + rng.random(),
+            output_mean=0.01,
             gaba_lambda_mean=1.0,
             **{f"accuracy_task{j}": acc[task, j] for j in range(5)},
           )

@@ -280,7 +280,23 @@ def test_a_collapsed_layer_is_flagged_and_a_healthy_one_is_not():
   args = _small()
   x, y = args.pop("x"), args.pop("y")
   collapsed = fit.fit(-np.abs(x), y, **args)  # all negative: zero after the SDM layer's input ReLU
-  assert collapsed.warnings and "the hidden layer collapsed for 1 model(s) (seed 0)" in collapsed.warnings[0]
-  assert all(row["active_per_example"] == 0 for row in collapsed.curves)
+  assert any("the hidden layer collapsed for 1 model(s) (seed 0)" in w for w in collapsed.warnings)
+  assert f"{len(x)} training example(s) have every feature <= 0" in collapsed.warnings[0]  # said before training
+  assert all(row["active_per_example"] == 0 and row["output_mean"] == 0 for row in collapsed.curves)
   healthy = fit.fit(np.abs(x), y, **args)
-  assert not any("collapsed" in w for w in healthy.warnings)
+  assert not any("collapsed" in w or "every feature" in w for w in healthy.warnings)
+  assert all(row["output_mean"] > 0 for row in healthy.curves)
+
+
+def test_zero_input_warning_counts_each_tasks_real_examples():
+  """Examples all <= 0 reach an SDM layer as zero vectors (ReLU, then L2 norm); padding rows are not
+  counted, and a layer without the input ReLU only counts exact zeros."""
+  x = np.ones((2, 5, 3), np.float32)
+  x[0, 1] = -1.0  # a real example of task 1
+  x[1, 0] = 0.0  # a real example of task 2
+  x[1, 4] = -2.0  # padding of task 2 (4 real rows)
+  tasks = continual.Tasks(x, None, np.array([5, 4]), None, None, None, None, orders=((0,),), seed_axis=False)
+  line = continual.zero_input_warning(tasks, models.sdmlp(3, 8, 2, k=2))
+  assert line.startswith("2 training example(s) have every feature <= 0") and "task 1: 1, task 2: 1" in line
+  assert continual.zero_input_warning(tasks, models.relu_mlp(3, 8, 2)).startswith("1 training example(s)")
+  assert continual.zero_input_warning(tasks.replace(train_x=np.abs(x) + 1), models.sdmlp(3, 8, 2, k=2)) is None

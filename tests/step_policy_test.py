@@ -59,7 +59,9 @@ def test_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
   def block(kind, exact):
     def run(states, *data):
       calls.append(kind)
-      metrics = train.EpochMetrics(*(jnp.zeros((1, 1)),) * 4, jnp.full((1, 1), 1.0 if exact else 0.5), jnp.ones((1, 1)))
+      metrics = train.EpochMetrics(
+        *(jnp.zeros((1, 1)),) * 4, jnp.full((1, 1), 1.0 if exact else 0.5), jnp.ones((1, 1)), jnp.zeros((1, 1))
+      )
       return states, metrics
 
     return run
@@ -121,7 +123,7 @@ def test_the_forward_cache_is_dropped_for_the_rest_of_a_task_where_it_does_not_p
     def run(states, *data):
       calls.append(kind)
       fraction = jnp.asarray([[1.0, computed, computed]])
-      return states, train.EpochMetrics(*(jnp.zeros((1, 3)),) * 4, jnp.ones((1, 3)), fraction)
+      return states, train.EpochMetrics(*(jnp.zeros((1, 3)),) * 4, jnp.ones((1, 3)), fraction, jnp.zeros((1, 3)))
 
     return run
 

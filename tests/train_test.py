@@ -250,3 +250,21 @@ def test_over_seeds_with_repeated_data_rows_equals_one_row_per_model(seed_loop):
   expected = [m * x[m % 3].sum() + y[m % 3] + 0.5 for m in range(6)]
   np.testing.assert_allclose(grouped["out"], expected)
   np.testing.assert_allclose(tiled["out"], expected)
+
+
+def test_output_mean_is_the_mean_activation_of_the_units_that_fired():
+  """EpochMetrics.output_mean (the scale the readout learns from, logged per evaluation): with a
+  learning rate of 0 the parameters stay put, so it equals the mean of the positive hidden values
+  over the task's examples computed directly (every example visited once per epoch)."""
+  tasks = _mnist_tasks()
+  spec = models.relu_mlp(784, 64, 10)
+  tx = _setup(spec, lr=0.0)
+  state = jax.tree.map(lambda a: a[0], train.init_states(np.array([0]), spec=spec, tx=tx))
+  size = int(tasks["train_sizes"][1])
+  _, metrics, _ = jax.jit(functools.partial(train.train_epoch, spec=spec, tx=tx, batch_size=64))(
+    state, tasks["train_x"][1], tasks["train_y"][1], tasks["train_sizes"][1]
+  )
+  _, hidden = models.forward(state.params, train.to_float_input(tasks["train_x"][1, :size]), spec=spec, k=spec.hidden.k)
+  hidden = np.asarray(hidden, np.float64)
+  np.testing.assert_allclose(float(metrics.output_mean), hidden[hidden > 0].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics.active_per_example), (hidden > 0).sum(-1).mean(), rtol=1e-6)

@@ -40,6 +40,7 @@ CURVE_FIELDS = (
   "seen_accuracy",
   "dead_fraction",
   "active_per_example",
+  "output_mean",
   "gaba_lambda_mean",
 )
 #: The array fields of `Tasks`, each with a leading task axis (or seed axis, then task).
@@ -345,6 +346,29 @@ def collapse_warning(active_per_example, labels: Sequence[dict], task: int, num_
   )
 
 
+def zero_input_warning(tasks: Tasks, spec: models.ModelSpec) -> str | None:
+  """A line for the log and the results when training examples reach the hidden layer as all zeros.
+
+  With the SDM input processing (Alg. 1: ReLU, then unit L2 norm) an example whose features are all
+  <= 0 becomes the zero vector: every activation is 0, it never fires a unit, never moves a GABA
+  counter and gives no gradient (the layer's diagnostics call it a zero input). Counted once, on the
+  host, over every task's real (unpadded) training examples of the first data order."""
+  x, sizes = np.asarray(tasks.train_x), np.asarray(tasks.train_sizes)
+  if tasks.seed_axis:
+    x, sizes = x[0], sizes[0]
+  flat = x.reshape(x.shape[0], x.shape[1], -1)
+  zero = (flat <= 0).all(-1) if spec.hidden.positive else (flat == 0).all(-1)
+  per_task = [int(zero[t, : sizes[t]].sum()) for t in range(len(sizes))]
+  if not any(per_task):
+    return None
+  where = ", ".join(f"task {t + 1}: {n}" for t, n in enumerate(per_task) if n)
+  rule = "<= 0 (the layer's ReLU zeroes them)" if spec.hidden.positive else "exactly 0"
+  return (
+    f"{sum(per_task)} training example(s) have every feature {rule}, so the hidden layer sees a zero "
+    f"vector for them: no unit fires, no gradient, no GABA count ({where}); check the data or its scaling"
+  )
+
+
 def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
   """A line for the log and the results when task `task` ends with the GABA switch incomplete.
 
@@ -399,6 +423,7 @@ def _rows(labels, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[d
       seen_accuracy=float(seen[i]),
       dead_fraction=float(epoch_metrics.dead_fraction[i, -1]),
       active_per_example=float(epoch_metrics.active_per_example[i, -1]),
+      output_mean=float(epoch_metrics.output_mean[i, -1]),
       gaba_lambda_mean=float(lam[i]),
       **{f"accuracy_task{j}": float(per_task[i, j]) for j in range(per_task.shape[1])},
     )

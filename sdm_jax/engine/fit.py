@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import pathlib
 from typing import Any, Sequence
 
@@ -205,6 +206,10 @@ def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir) -> FitResul
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
   engine = continual.make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
   progress = continual.Progress.start(len(seeds), tasks.num_tasks)
+  zero_inputs = continual.zero_input_warning(tasks, spec)
+  if zero_inputs:
+    logging.getLogger(__name__).warning(zero_inputs)
+    progress.warnings.append(zero_inputs)
   writer, curves = continual.curve_writers(workdir, tasks.num_tasks), []
   for states, block in continual.run(engine, states, tasks, schedule, seeds, progress):
     writer.write_rows(block.rows)

@@ -103,6 +103,10 @@ class EpochMetrics(NamedTuple):
   active_per_example: jax.Array  # mean number of neurons > 0 per example
   sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py)
   forward_fraction: jax.Array  # the share of the activations the forward computed (< 1: `forward_cache`)
+  # Mean hidden output of the units that fired (their summed activation over the active count): the
+  # scale the readout learns from. After the GABA switch an SDM layer's a* = [a - I]_+ is a gap
+  # between cosines (Eq. 12), so ~0.01 here means a readout whose gradient, proportional to a*, is tiny.
+  output_mean: jax.Array
 
 
 def init_state(
@@ -398,6 +402,7 @@ def train_epoch(
     active_per_example=active / count,
     sparse_fraction=sparse_steps / steps,
     forward_fraction=computed / steps,
+    output_mean=jnp.sum(activity) / jnp.maximum(active, 1.0),
   )
   return state.replace(epoch=state.epoch + 1), epoch_metrics, cache
 

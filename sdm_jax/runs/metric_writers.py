@@ -46,7 +46,8 @@ class CsvWriter:
 
   def __init__(self, path: str | pathlib.Path, fields: Sequence[str], earlier_rows: Iterable[dict] = ()):
     self._file = pathlib.Path(path).open("w", newline="")
-    self._writer = csv.DictWriter(self._file, fieldnames=list(fields))
+    # restval: an earlier row written before a column was added reads back as nan, not a cut row.
+    self._writer = csv.DictWriter(self._file, fieldnames=list(fields), restval="nan")
     self._writer.writeheader()
     self._writer.writerows(earlier_rows)
     self._file.flush()
