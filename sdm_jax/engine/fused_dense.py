@@ -41,7 +41,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.core import sdm_layer
 from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, train
 
 
@@ -98,15 +97,8 @@ def train_step(
   )
   params = _sgd_update(state.params, grads, sgd)
 
-  # train.train_step's bookkeeping (no data axis here).
-  n_valid = valid.sum()
-  correct = jnp.sum((jnp.argmax(logits, -1) == y) & valid)
-  activity = jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0)
-  fired_per_neuron = sdm_layer.firings(hidden, valid)  # Eq. 12's C_i increment, as the layer counts it
-  counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
-  new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1)
-  stats = (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
-  return new_state, stats
+  counts, stats = train.count_batch(state, loss, logits, hidden, y, valid, spec=spec)
+  return state.replace(params=params, gaba_counts=counts, step=state.step + 1), stats
 
 
 def _sgd_update(params: dict, grads: dict, sgd: sparse.SparseSGD) -> dict:

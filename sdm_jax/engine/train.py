@@ -280,19 +280,26 @@ def train_step(
   params = optax.apply_updates(state.params, updates)
   if si:  # Δθ after the projection: the change the step really made
     state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
+  counts, stats = count_batch(state, loss, logits, hidden, y, valid, spec=spec, data_axis=data_axis)
+  return state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1), stats
+
+
+def count_batch(state: TrainState, loss, logits, hidden, y, valid, *, spec: models.ModelSpec, data_axis=None):
+  """A dense step's bookkeeping (`train_step`, `fused_dense.train_step`): the GABA counters after the
+  batch (Eq. 12's C_i increments, as the layer counts them) and the step's stats (loss sum, correct,
+  activity sum [r], active count, sparse steps = 0). With `data_axis` the counts are summed over the
+  batch's slices: those of the whole batch."""
   counted = (
     valid.sum(),
     jnp.sum((jnp.argmax(logits, -1) == y) & valid),
     jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0),
-    sdm_layer.firings(hidden, valid),  # Eq. 12's C_i increment, as the layer counts it
+    sdm_layer.firings(hidden, valid),
   )
-  if data_axis is not None:  # the batch's slices: the counts of the whole batch
+  if data_axis is not None:
     counted = jax.lax.psum(counted, data_axis)
   n_valid, correct, activity, fired_per_neuron = counted
   counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
-  new_state = state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1)
-  stats = (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
-  return new_state, stats
+  return counts, (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
 
 
 def train_epoch(
