@@ -37,6 +37,22 @@ def test_quick_config_is_the_committed_sweep():
     sdm_window_config.get_config("bogus")
 
 
+def test_band_config_is_the_committed_band_sweep():
+  """experiments/results/sdm_window/band: the window part on 12,000 images for 10 epochs."""
+  c = sdm_window_config.get_config("band")
+  assert (c.max_train_examples, c.epochs, c.switch_epochs, c.seeds, c.k) == (12_000, 10, 2.0, 3, 10)
+  assert [p[:2] for p in sdm_window.window_plan(c)] == [
+    ("mnist", "relu"),
+    ("mnist", "sdm"),
+    ("mnist", "recipe:k=100"),
+    ("mnist", "recipe"),
+    ("fashion_mnist", "relu"),
+    ("fashion_mnist", "sdm"),
+    ("fashion_mnist", "recipe:k=100"),
+  ]
+  assert sdm_window.window_plan(c)[-1][2] == [0.01, 0.1, 1.0, 10.0]
+
+
 def test_head_names():
   c = tiny()
   assert sdm_window.head_spec(c, "sdm") == sdm_window.HeadSpec("sdm", "sdm", c.k, c.switch_epochs)
