@@ -199,19 +199,12 @@ def sparse_update(addresses, x, slots, values_sq, *, learning_rate: float, clip_
   (vmap_method="broadcast_all") and the kernel loops over it.
   """
   _check_available()
-  call = jax.ffi.ffi_call(
+  return _address_update(
     "sdm_jax_sparse_update",
     (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)),
-    input_output_aliases={0: 0},
-    vmap_method="broadcast_all",
-  )
-  return call(
-    addresses.astype(jnp.float32),
-    x.astype(jnp.float32),
-    *_slot_operands(slots),
-    jnp.asarray(values_sq, jnp.float32),
-    learning_rate=np.float64(learning_rate),
-    clip_norm=np.float64(clip_norm or 0.0),
+    (addresses.astype(jnp.float32), x.astype(jnp.float32), *_slot_operands(slots), jnp.asarray(values_sq, jnp.float32)),
+    learning_rate=learning_rate,
+    clip_norm=clip_norm,
   )
 
 
@@ -248,20 +241,12 @@ def sparse_update_penalized(
   """
   _check_available()
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
-  call = jax.ffi.ffi_call(
+  return _address_update(
     "sdm_jax_sparse_update_penalized",
     (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), scalar, scalar, _row_stats_shape(addresses)),
-    input_output_aliases={0: 0},
-    vmap_method="broadcast_all",
-  )
-  return call(
-    addresses.astype(jnp.float32),
-    x.astype(jnp.float32),
-    *_slot_operands(slots),
-    jnp.asarray(values_sq, jnp.float32),
-    *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
-    learning_rate=np.float64(learning_rate),
-    clip_norm=np.float64(clip_norm or 0.0),
+    _penalized_operands(addresses, x, slots, values_sq, curvature, center, rows, strength, row_stats),
+    learning_rate=learning_rate,
+    clip_norm=clip_norm,
   )
 
 
@@ -284,23 +269,39 @@ def dense_update(addresses, gradient, values_sq, *, learning_rate: float, clip_n
       f"expected addresses and gradient [..., n, r], values_sq [...]; got {addresses.shape}, {gradient.shape}, "
       f"{jnp.shape(values_sq)}"
     )
-  call = jax.ffi.ffi_call(
+  return _address_update(
     "sdm_jax_dense_update",
     (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)),
-    input_output_aliases={0: 0},
-    vmap_method="broadcast_all",
+    (addresses.astype(jnp.float32), gradient.astype(jnp.float32), jnp.asarray(values_sq, jnp.float32)),
+    learning_rate=learning_rate,
+    clip_norm=clip_norm,
   )
-  return call(
-    addresses.astype(jnp.float32),
-    gradient.astype(jnp.float32),
-    jnp.asarray(values_sq, jnp.float32),
-    learning_rate=np.float64(learning_rate),
-    clip_norm=np.float64(clip_norm or 0.0),
-  )
+
+
+def _address_update(target, outputs, operands, *, learning_rate, clip_norm, aliases=None):
+  """Calls one of the address-update kernels: `operands` in the kernel's order, the addresses
+  (f32) first, and the step's attributes as the kernels read them (f64; `clip_norm` None or 0:
+  no clipping). The addresses are aliased to the first output, so XLA passes their buffer through
+  without a copy (`aliases` adds more pairs); under `jax.vmap` all operands get the batch axis and
+  the kernel loops over it. The four update kernels share this calling convention."""
+  call = jax.ffi.ffi_call(target, outputs, input_output_aliases={0: 0, **(aliases or {})}, vmap_method="broadcast_all")
+  return call(*operands, learning_rate=np.float64(learning_rate), clip_norm=np.float64(clip_norm or 0.0))
 
 
 def _row_stats_shape(addresses) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((*addresses.shape[:-2], 2, addresses.shape[-2]), jnp.float32)
+
+
+def _penalized_operands(addresses, x, slots, values_sq, curvature, center, rows, strength, row_stats):
+  """The operands both penalised kernels begin with: `sparse_update`'s (addresses, x, the slots,
+  values_sq), then the penalty's (`_penalty_operands`)."""
+  return (
+    addresses.astype(jnp.float32),
+    x.astype(jnp.float32),
+    *_slot_operands(slots),
+    jnp.asarray(values_sq, jnp.float32),
+    *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
+  )
 
 
 def _penalty_operands(addresses, curvature, center, rows, strength, row_stats):
@@ -347,22 +348,17 @@ def sparse_update_path_integral(
   _check_available()
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   matrix = jax.ShapeDtypeStruct(addresses.shape, jnp.float32)
-  call = jax.ffi.ffi_call(
+  return _address_update(
     "sdm_jax_sparse_update_path_integral",
     (matrix, scalar, scalar, matrix, _row_stats_shape(addresses)),
-    input_output_aliases={0: 0, 12: 3},
-    vmap_method="broadcast_all",
-  )
-  return call(
-    addresses.astype(jnp.float32),
-    x.astype(jnp.float32),
-    *_slot_operands(slots),
-    jnp.asarray(values_sq, jnp.float32),
-    *_penalty_operands(addresses, curvature, center, rows, strength, row_stats),
-    w.astype(jnp.float32),
-    si_d.astype(jnp.float32),
-    learning_rate=np.float64(learning_rate),
-    clip_norm=np.float64(clip_norm or 0.0),
+    (
+      *_penalized_operands(addresses, x, slots, values_sq, curvature, center, rows, strength, row_stats),
+      w.astype(jnp.float32),
+      si_d.astype(jnp.float32),
+    ),
+    learning_rate=learning_rate,
+    clip_norm=clip_norm,
+    aliases={12: 3},  # w, operand 12: after addresses, x, 3 slot operands, values_sq and 6 penalty operands
   )
 
 
