@@ -76,9 +76,12 @@ class SDM(nnx.Module):
   the (k+1)-th largest (~0.01), and the readout's gradient is proportional to a*: inputs that share
   a large common component (a trunk trained along with the layer) make the same few neurons win
   for every class, and a large learning rate can stop the trunk firing at all. The paper's setting
-  is fixed inputs (pixels, or a frozen pretrained trunk's features). `sdm_jax.core.diagnostics`
-  reports collapse; `sdm_jax.core.centering` holds two options beyond the paper (input centring,
-  output normalisation), off unless added; experiments/results/sdm_window has the measurements.
+  is fixed inputs (pixels, or a frozen pretrained trunk's features). For a trunk trained through
+  the layer, `sdm_jax.core.centering` holds two options beyond the paper, off unless added:
+  `Center` before the layer and `normalize_output(a_star, scale=10.0)` after it; with both and
+  k = 100 a small CNN's SDM head matched a ReLU head (within 0.01) from lr 0.01 to 0.1 with SGD and
+  clip 1.0. `sdm_jax.core.diagnostics` reports collapse; experiments/results/sdm_window has the
+  measurements.
   """
 
   def __init__(
