@@ -416,3 +416,33 @@ def test_dense_update_under_vmap_and_in_place():
   hlo = jax.jit(run, donate_argnums=0).lower(addresses).compile().as_text()
   assert "custom-call" in hlo
   assert not [line for line in hlo.splitlines() if "f32[784,203]" in line and " copy(" in line]
+
+
+_THREADS_SCRIPT = """
+import sys, numpy as np, jax, jax.numpy as jnp
+from sdm_jax.engine import cpu_kernels
+rng = np.random.default_rng(3)
+x = np.abs(rng.normal(size=(64, 4200))).astype(np.float32)  # 16 full tiles of 256 columns and a tail
+g = rng.normal(size=x.shape).astype(np.float32)
+a, s = jax.jit(lambda x, g: cpu_kernels.dense_update(x, g, jnp.float32(0.3), learning_rate=0.05, clip_norm=1.0))(x, g)
+np.save(sys.argv[1], np.append(np.asarray(a).ravel(), np.asarray(s)))
+"""
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_dense_update_is_bitwise_the_same_on_any_number_of_threads(tmp_path):
+  """The kernel splits its column tiles and the chunks of the norm's sum over threads
+  ($SDM_JAX_DENSE_THREADS, read once per process); 1, 2 and 3 threads give the same bits."""
+  import subprocess
+  import sys
+
+  results = []
+  for threads in ("1", "2", "3"):
+    out = tmp_path / f"threads{threads}.npy"
+    env = dict(os.environ, SDM_JAX_DENSE_THREADS=threads, JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(out)], env=env, check=True, timeout=300)
+    results.append(np.load(out))
+  assert results[0][-1] < 0.05  # the clip acted (the norm's sum matters)
+  for other in results[1:]:
+    np.testing.assert_array_equal(other, results[0])

@@ -72,7 +72,17 @@ _TARGETS = {
   "sdm_jax_dense_update": "SdmDenseUpdate",
 }
 #: The `g++` flags the FFI kernels are compiled with.
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-w")
+FLAGS = (
+  "-O3",
+  "-march=native",
+  "-fopenmp-simd",
+  "-pthread",
+  "-std=c++17",
+  "-shared",
+  "-fPIC",
+  "-fvisibility=hidden",
+  "-w",
+)
 _BUILD_TIMEOUT_S = 300
 
 _lock = threading.Lock()

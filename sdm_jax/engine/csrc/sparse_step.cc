@@ -34,10 +34,14 @@
 // Built by cpu_kernels.py with g++ -O3 -march=native -fopenmp-simd; the loops over n are
 // contiguous and the reductions carry `omp simd` so they vectorise without -ffast-math.
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -745,23 +749,64 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImp
 // finds in cache (784 x 256 x 4 B = 784 KB: L2, else L3), not in memory. Column tiles read and
 // write 1 KB of each row: with 4 KB pages each row of a tile is a page of its own, and narrower
 // tiles (32 columns, 128 B per row, a scratch tile of 100 KB held in L2) took 1.5x as long
-// (7.3 ms against 4.7 ms at r = 10,000, one core of the AVX-512 VM). Single-threaded, like the
-// kernels above.
+// (7.3 ms against 4.7 ms at r = 10,000, one core of the AVX-512 VM). Unlike the kernels above it
+// splits its work over the cores the process may run on (`DenseThreads`): the column tiles, and the
+// chunks of the norm's sum. Every column's arithmetic and every chunk's partial sum are the same
+// whichever thread computes them, and the partials are added in chunk order, so the result is bit
+// for bit the single-threaded one.
 namespace {
 
 constexpr int64_t kDenseTile = 256;  // columns per tile: 1 KB of each row
 
-// sum of G^2 over `count` contiguous floats: vectorised float partial sums per chunk, chunks in double.
-double SumOfSquares(const float* __restrict g, int64_t count) {
-  constexpr int64_t kChunk = 4096;
-  double total = 0.0;
-  for (int64_t start = 0; start < count; start += kChunk) {
-    const int64_t end = std::min(count, start + kChunk);
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t j = start; j < end; ++j) sq += g[j] * g[j];
-    total += sq;
+constexpr int64_t kSquaresChunk = 4096;
+
+// The threads the dense update runs on: the CPUs this process may use (its affinity mask, so that
+// `taskset -c 1` means one), at most one per `min_work` units and at most 8;
+// $SDM_JAX_DENSE_THREADS overrides (1: the calling thread alone). Starting a thread costs tens of
+// microseconds, so a part must be large: 8 tiles (the 1K layer's 3 tiles stay on one thread, where
+// two were slower), 512 chunks of the norm's sum (8 MB).
+int DenseThreads(int64_t work, int64_t min_work) {
+  static const int available = [] {
+    if (const char* env = std::getenv("SDM_JAX_DENSE_THREADS")) return std::max(1, std::atoi(env));
+    cpu_set_t set;
+    return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+  }();
+  return static_cast<int>(std::clamp<int64_t>(work / std::max<int64_t>(min_work, 1), 1, std::min(available, 8)));
+}
+
+// Runs body(begin, end) over [0, count) in `threads` contiguous parts, the first on the calling thread.
+template <typename Body>
+void InParts(int64_t count, int threads, const Body& body) {
+  if (threads <= 1) {
+    body(int64_t{0}, count);
+    return;
   }
+  std::vector<std::thread> workers;
+  const int64_t part = (count + threads - 1) / threads;
+  for (int t = 1; t < threads; ++t) {
+    const int64_t begin = std::min(count, t * part), end = std::min(count, begin + part);
+    if (begin < end) workers.emplace_back([&body, begin, end] { body(begin, end); });
+  }
+  body(int64_t{0}, std::min(count, part));
+  for (auto& worker : workers) worker.join();
+}
+
+// sum of G^2 over `count` contiguous floats: vectorised float partial sums per chunk (in parallel),
+// the chunks added in order in double.
+double SumOfSquares(const float* __restrict g, int64_t count) {
+  const int64_t chunks = (count + kSquaresChunk - 1) / kSquaresChunk;
+  std::vector<float> partial(chunks);
+  InParts(chunks, DenseThreads(chunks, 512), [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t start = c * kSquaresChunk, end = std::min(count, start + kSquaresChunk);
+      float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t j = start; j < end; ++j) sq += g[j] * g[j];
+      partial[c] = sq;
+    }
+  });
+  double total = 0.0;
+  for (const float sq : partial) total += sq;
   return total;
 }
 
@@ -809,8 +854,12 @@ float DenseUpdateOne(const float* x, const float* __restrict g, float* out, floa
       step = static_cast<float>(learning_rate * clip_norm) / std::max(norm, 1e-38f);
     }
   }
-  int64_t j0 = 0;
-  for (; j0 + kDenseTile <= r; j0 += kDenseTile) DenseTile<kDenseTile>(x, g, out, n, r, j0, step);
+  // The full tiles, split over the threads; then the last r mod 256 columns on this thread.
+  const int64_t full_tiles = r / kDenseTile;
+  InParts(full_tiles, DenseThreads(full_tiles, 8), [&](int64_t first, int64_t last) {
+    for (int64_t tile = first; tile < last; ++tile) DenseTile<kDenseTile>(x, g, out, n, r, tile * kDenseTile, step);
+  });
+  int64_t j0 = full_tiles * kDenseTile;
   // The last r mod 256 columns: tiles of 128, 64, 32 and 16 as they fit, then fewer than 16.
   if (j0 + 128 <= r) {
     DenseTile<128>(x, g, out, n, r, j0, step);
