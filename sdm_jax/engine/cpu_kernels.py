@@ -31,6 +31,9 @@ penalty moves is read once per step (its norm share is carried from the last ste
 weight gradient G [n, r] (the matmul's output) the global-norm clip, the SGD step, the clamp and
 the columns' L2 normalisation in 3 passes over the address matrix (one read of G for the norm, one
 read of X and G and one write of X, column tile by column tile), where XLA's optax chain makes ~13.
+It is the one kernel that uses several threads: its column tiles and the norm's partial sums are
+split over the CPUs the process may use (its affinity mask; `$SDM_JAX_DENSE_THREADS` overrides), with
+the same result bit for bit as on one thread. The others run on the calling thread.
 Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
