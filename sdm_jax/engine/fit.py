@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from sdm_jax.core import projection, sdm_layer
-from sdm_jax.engine import continual, models, optimizers, regularizers, train, validation
+from sdm_jax.engine import continual, models, optimizers, regularizers, step_policy, train, validation
 from sdm_jax.runs import workdir as workdir_lib
 
 
@@ -152,6 +152,7 @@ def fit(
   batch_size: int = 128,
   seeds: Sequence[int] = (0,),
   workdir: str | None = None,
+  train_step: str = "auto",
 ) -> FitResult:
   """Your own arrays through the class-incremental protocol (paper Sec. 4); returns a `FitResult`.
 
@@ -165,6 +166,10 @@ def fit(
   `clip_norm`, default 1.0: their settings); either way the chain ends with the SDM projection when
   the model needs it (`optimizers.for_model`), so it cannot be forgotten. `regularizer`: e.g.
   `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
+  `train_step` "auto": after the GABA switch, where it is exact, the sparse SGD step (with its
+  forward cache) and during the switch the fused dense step, as a configured run trains
+  (`step_policy.choose`: plain SGD by name, no population; results move only by float rounding);
+  "dense": the optax chain throughout. A given optax transformation always trains densely.
   Seeds are one compiled program. `workdir`: also write results.json, metrics.csv and TensorBoard
   event files there, as a configured run does (for checkpoints and resuming, save the arrays with
   `data.save_embeddings` and run `experiments.split_mnist --config.dataset=embeddings`); one run
@@ -186,6 +191,8 @@ def fit(
   features = int(np.prod(dataset["train_images"].shape[1:]))
   spec = _model_spec(model, features, len(order), neurons, k)
   _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer)
+  if train_step not in ("auto", "dense"):
+    validation.fail("train_step", f"must be 'auto' or 'dense', got {train_step!r}")
   if workdir is not None:
     workdir_lib.check_writable(workdir)
     workdir_lib.check_free(workdir)
@@ -198,13 +205,30 @@ def fit(
     hidden = dataclasses.replace(spec.hidden, switch_activations=continual.gaba_switch_activations(tasks, switch))
     spec = dataclasses.replace(spec, hidden=hidden)
   with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
-    return _fit_run(spec, tasks, schedule, seeds, _tx(spec, optimizer, learning_rate, clip_norm), regularizer, workdir)
+    tx = _tx(spec, optimizer, learning_rate, clip_norm)
+    policy = _policy(spec, optimizer, learning_rate, clip_norm, regularizer, train_step)
+    return _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy)
 
 
-def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir) -> FitResult:
+def _policy(spec, optimizer, learning_rate, clip_norm, regularizer, train_step) -> step_policy.StepPolicy | None:
+  """The step policy for an optimiser given by name (None, the dense step, for an optax one): the
+  settings `_tx` builds its chain from, so both steps take the same step."""
+  if isinstance(optimizer, optax.GradientTransformation):
+    return None
+  return step_policy.choose(
+    spec,
+    optimizer=optimizer,
+    learning_rate=0.05 if learning_rate is None else learning_rate,
+    clip_norm=1.0 if clip_norm is None else clip_norm or None,
+    regularizer=regularizer,
+    train_step=train_step,
+  )
+
+
+def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy=None) -> FitResult:
   """`fit` once its arguments are checked: build, train, summarise (and write, given a workdir)."""
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
-  engine = continual.make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer)
+  engine = continual.make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer, policy=policy)
   progress = continual.Progress.start(len(seeds), tasks.num_tasks)
   zero_inputs = continual.zero_input_warning(tasks, spec)
   if zero_inputs:
@@ -216,6 +240,7 @@ def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir) -> FitResul
     curves += block.rows
   writer.close()
   results = continual.summarize(progress, tasks, seeds, schedule.blocks_per_task)
+  results["training_step"] = engine.policy.describe()
   if workdir is not None:
     (pathlib.Path(workdir) / "results.json").write_text(json.dumps(results, indent=2))
   return FitResult(
