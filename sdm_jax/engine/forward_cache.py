@@ -95,7 +95,6 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step):
   """
   neurons = addresses.shape[0]
   stale = stale_neurons(cache, idx, valid)
-  cached_rows = cache.activations[idx].T  # [r, B]
 
   def dense():
     return jax.nn.relu(addresses @ x.T), jnp.float32(1.0)
@@ -105,6 +104,7 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step):
       # Sorted stale neuron ids, padded with the out-of-range id r (reads zeros, writes dropped).
       rows = jnp.nonzero(stale, size=capacity, fill_value=neurons)[0]
       fresh = jax.nn.relu(addresses.at[rows].get(mode="fill", fill_value=0.0) @ x.T)  # [capacity, B]
+      cached_rows = cache.activations[idx].T  # [r, B] (read in the gathered branches only: the dense one needs none)
       a = cached_rows.at[rows].set(fresh, mode="drop", unique_indices=True, indices_are_sorted=True)
       return a, jnp.float32(capacity / neurons)
 

@@ -164,9 +164,8 @@ class StepPolicy(NamedTuple):
     )
     if self.sgd is None:
       return Blocks(dense=block(), sparse=None, capacity=0)
-    dense_block = block()
-    if fused_dense.ineligibility(self.spec, regularizer) is None:
-      dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd))
+    fused = fused_dense.ineligibility(self.spec, regularizer) is None
+    dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd)) if fused else block()
     sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
     uncached = block(sparse_sgd=self.sgd) if self.cache_bytes else None
     blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec), uncached=uncached)
