@@ -15,7 +15,9 @@ the GABA switch, "switch epoch" times the dense step from lambda = -1 (every uni
 most of task 1's epochs), before any consolidation, on the same data; `--compare_dense` adds it
 with the optax step (`train_step="dense"`) beside the fused one. `--compare_cache` adds every row
 with the cache off. Blocks run through `StepPolicy.run_block` with its schedule, as in a run: a
-task where the cache does not pay drops it after its first cached block. The state is a fresh layer after the GABA switch (every lambda = +1) where the row
+task where the cache does not pay drops it after its first cached block, and otherwise each timed
+block takes over the cache the block before it left, as a task's later blocks do (only a task's
+first block, untimed here, computes a whole first epoch: 1 of 50 blocks at the full protocol). The state is a fresh layer after the GABA switch (every lambda = +1) where the row
 has one; a regularised row first consolidates once on the data (task 1's importances and
 anchors, as at the start of task 2). One epoch is N = 12,665 examples (MNIST task 0, the digits 0
 and 1), batch 128. The epochs run in compiled blocks of --block_epochs (default 10, the full

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdm_jax import data
-from sdm_jax.engine import cpu_kernels, forward_cache, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import cpu_kernels, forward_cache, models, optimizers, regularizers, sparse, step_policy, train
 
 
 def _batch(rng, examples, inputs):
@@ -129,3 +129,73 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   halfway, _ = run(cached, start(), [0])
   resumed, _ = run(cached, jax.device_put(jax.device_get(halfway)), [1])
   chex.assert_trees_all_equal(resumed.params, b.params)
+
+
+def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_and_a_resume(monkeypatch):
+  """Real MNIST, SDMLP+EWC past the switch, blocks of 2 epochs through `StepPolicy.run_block`: the
+  cache one block leaves is taken over by the task's next block (whose first epoch then computes
+  only part of the activations), a new task starts an empty one. The run ends bit for bit as the
+  same run resumed mid-task from host copies of its states and a checkpointed schedule (no cache),
+  and close to the sparse step without a cache; one neuron moved behind the carried cache's back (a
+  stale cache) changes the result."""
+  monkeypatch.setattr(step_policy, "CACHE_PAYS_BELOW", 1.01)  # keep the cache at this small width
+  x, y, sizes = _mnist_tasks()
+  spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
+  regularizer = regularizers.RegularizerSpec("ewc", 500.0)
+  end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
+  policies = {
+    budget: step_policy.choose(spec, learning_rate=0.1, regularizer=regularizer, cache_bytes=budget)
+    for budget in (1 << 22, 0)
+  }
+  blocks = {
+    b: p.blocks(batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer) for b, p in policies.items()
+  }
+  plan = [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]  # (block index, task)
+
+  def start():
+    states = train.init_states(np.array([0, 1]), spec=spec, tx=policies[0].tx(), regularizer=regularizer, num_tasks=2)
+    return states.replace(gaba_counts=states.gaba_counts + 10.0), step_policy.Schedule(active_last=0.0)
+
+  def run(budget, states, schedule, plan, before=None):
+    fractions = []
+    for index, task in plan:
+      if before is not None:
+        states, schedule = before(index, states, schedule)
+      states, metrics, ran_sparse, schedule = policies[budget].run_block(
+        blocks[budget], states, x, y, sizes, jnp.int32(task), schedule=schedule, block_index=index, task=task
+      )
+      assert ran_sparse and (schedule.cache is not None) == (budget > 0)
+      fractions.append(np.asarray(metrics.forward_fraction))
+      if index == 2:
+        states = end_task(states, x, y, sizes, jnp.int32(0))
+    return states, schedule, fractions
+
+  full, schedule, fractions = run(1 << 22, *start(), plan)
+  assert schedule.cache_task == 1
+  for (index, _), fraction in zip(plan, fractions):
+    first_of_task = index in (0, 3)
+    assert (float(fraction[:, 0].min()) == 1.0) == first_of_task  # a carried cache: its first epoch is cheap too
+  uncached, _, _ = run(0, *start(), plan)
+  chex.assert_trees_all_close(full.params, uncached.params, atol=1e-6)
+
+  halfway, schedule, _ = run(1 << 22, *start(), plan[:4])
+  saved = step_policy.Schedule(schedule.started, schedule.active_last, schedule.retry_at, schedule.uncached_task)
+  resumed, _, _ = run(1 << 22, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
+  chex.assert_trees_all_equal(resumed.params, full.params)
+
+  def move_one_neuron(index, states, schedule):
+    if index != 4:
+      return states, schedule
+    kernel = states.params["hidden"]["kernel"]  # [seeds, inputs, neurons]
+    # A neuron that never fired (so no penalty moves it either) takes the address of one that fires most.
+    counts = np.asarray(states.gaba_counts).sum(0)
+    moved = kernel.at[:, :, int(np.argmin(counts))].set(kernel[:, :, int(np.argmax(counts))])
+    return states.replace(params={**states.params, "hidden": {**states.params["hidden"], "kernel": moved}}), schedule
+
+  def drop_cache(index, states, schedule):
+    states, schedule = move_one_neuron(index, states, schedule)
+    return states, schedule._replace(cache=None) if index == 4 else schedule
+
+  stale, _, _ = run(1 << 22, *start(), plan, before=move_one_neuron)
+  fresh, _, _ = run(1 << 22, *start(), plan, before=drop_cache)
+  assert not np.array_equal(np.asarray(stale.params["hidden"]["kernel"]), np.asarray(fresh.params["hidden"]["kernel"]))

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax.engine import models, regularizers, sparse, step_policy, train
+from sdm_jax.engine import forward_cache, models, regularizers, sparse, step_policy, train
 
 
 def test_the_sparse_step_where_it_is_exact_with_the_reason_where_not():
@@ -107,6 +107,8 @@ def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit
       states = states.replace(gaba_counts=states.gaba_counts + 2e9)
     a, a_metrics = pick(blocks)(jax.tree.map(jnp.copy, states), x, y, sizes, jnp.int32(0))
     b, b_metrics = pick(blocks.unpenalized)(states, x, y, sizes, jnp.int32(0))
+    if isinstance(a, forward_cache.Carried):  # the sparse block hands its cache to the next block
+      (a, _), (b, _) = a, b
     chex.assert_trees_all_equal(a.params, b.params)
     chex.assert_trees_all_equal(a_metrics, b_metrics)
   assert not step_policy._any_slot_filled(start())

@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    cache = forward_cache.empty(num_examples=12_665, neurons=1_000)     # inside a block of epochs
+    cache = forward_cache.empty(num_examples=12_665, neurons=1_000)     # at a task's first block
     a, cache, computed = forward_cache.activations(cache, addresses, x, idx, valid, step)
 
 Why it is exact. The sparse step's forward is a = relu(X_a x) for each example's fixed input x
@@ -24,20 +24,23 @@ shape may (JAX 0.12's XLA:CPU does for tiny layers).
 
 Costs. The recomputed rows come in tiers from r/16 to r/2 neurons (`TIERS`, one `lax.switch`:
 only the taken branch runs); more stale neurons than r/2, or an example never visited (a
-block's first epoch), take the dense matmul. Each step also moves the batch's cached rows
+task's first epoch), take the dense matmul. Each step also moves the batch's cached rows
 (gathered, transposed, written back: 4 x B x r floats, 5 MB per step at 10K neurons). What a step saves is the share of neurons NOT
 updated within about one epoch (the batch's oldest visit): neurons that no example of the task
 fires, or that fire rarely. `benchmarks/README.md` has the measured shares and times. The cache holds num_examples x r
 float32 (12,665 x 10,000 x 4 B = 507 MB for one MNIST task at 10K neurons); `fits` says whether
 it fits a byte budget, and the caller keeps the dense forward when it does not (`step_policy`).
-It lives inside one compiled block of epochs (built at the block's start, dropped at its end),
-so checkpoints, taken between blocks, never hold it and a resumed run rebuilds it exactly as the
-uninterrupted run does.
+A block built with `keep_cache` (`train.make_train_block`) returns its cache with the state
+(`Carried`), and the next block of the same task takes it back, so only the task's first block
+pays a full first epoch (`step_policy` carries it between blocks in its `Schedule`; a dense block,
+a new task or a resume starts an empty one). Checkpoints never hold it: a resumed run starts with
+an empty cache, whose first visits compute the dense matmul, the same bits as the cached rows of
+the uninterrupted run on XLA:CPU (above), so the two runs stay bitwise equal there.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +61,13 @@ class ForwardCache(NamedTuple):
   activations: jax.Array
   visited_at: jax.Array
   updated_at: jax.Array
+
+
+class Carried(NamedTuple):
+  """A block's state with the forward cache of its task, handed from one block to the next."""
+
+  state: Any
+  cache: ForwardCache
 
 
 def nbytes(num_examples: int, neurons: int) -> int:

@@ -29,9 +29,10 @@ budget. `run_block` tries the sparse step once the last block showed at most `ca
 units per example, keeps it while it is exact, and after a block it could not take exactly
 (more active units than its slots hold: the first epochs of a new task) redoes the block with the
 dense step from a copy of the states and waits `RETRY_BLOCKS` blocks. Its host-side state,
-`Schedule`, is saved in checkpoints (`continual.Progress`). The sparse step's neuron-major layout
-and its cache live inside its compiled block (`train.train_epochs`): nothing outside a block sees
-them, so a run resumed from a checkpoint takes the same steps as the uninterrupted run.
+`Schedule`, is saved in checkpoints (`continual.Progress`), except the forward cache it hands
+from one block of a task to the next. The sparse step's neuron-major layout lives inside its
+compiled block (`train.train_epochs`), and a resumed run starts with an empty cache, so it takes
+the same steps as the uninterrupted run (on XLA:CPU bit for bit: `forward_cache`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sdm_jax.engine import fused_dense, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import forward_cache, fused_dense, models, optimizers, regularizers, sparse, train
 
 #: One model's forward-cache budget in bytes (1 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
 #: floats, is 507 MB). A task whose cache would not fit keeps the dense forward in the sparse step.
@@ -54,8 +55,9 @@ DEFAULT_CACHE_BYTES = 1 << 30
 #: skip it: the same numbers without its passes over theta, A and m. SI accumulates its path
 #: integral every step and keeps its block.
 UNPENALIZED_METHODS = ("ewc", "mas", "l2")
-#: The forward cache pays when, after a block's first epoch (which computes every row), its steps
-#: computed less than this share of the activations on average; above it, the cache's own traffic
+#: The forward cache pays when, after a block's first epoch (which computes every row in a task's
+#: first block), its steps computed less than this share of the activations on average; above it,
+#: the cache's own traffic
 #: (each batch's rows gathered and written back) costs about what the skipped matmul rows save, and
 #: the rest of the task runs without it (`StepPolicy.run_block`).
 CACHE_PAYS_BELOW = 0.75
@@ -83,12 +85,17 @@ class Schedule(NamedTuple):
   the first block); retry_at: the block index before which no try is made
   (after a try that was not exact, `RETRY_BLOCKS` blocks later); uncached_task: the task in which
   the forward cache was found not to pay (`CACHE_PAYS_BELOW`), whose later blocks run without it.
+  cache: the forward cache the last block left (device arrays stacked over the models), for the next
+  block of `cache_task`; None after a dense block. Checkpoints save the other fields only: a
+  resumed run starts with an empty cache (exact: `forward_cache`).
   """
 
   started: bool = False
   active_last: float | None = None
   retry_at: int = 0
   uncached_task: int = -1
+  cache: forward_cache.ForwardCache | None = None
+  cache_task: int = -1
 
 
 class Blocks(NamedTuple):
@@ -166,7 +173,7 @@ class StepPolicy(NamedTuple):
       return Blocks(dense=block(), sparse=None, capacity=0)
     fused = fused_dense.ineligibility(self.spec, regularizer) is None
     dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd)) if fused else block()
-    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
+    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes, keep_cache=bool(self.cache_bytes))
     uncached = block(sparse_sgd=self.sgd) if self.cache_bytes else None
     blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec), uncached=uncached)
     if regularizer is not None and regularizer.method in UNPENALIZED_METHODS:
@@ -181,7 +188,8 @@ class StepPolicy(NamedTuple):
     """One block of epochs on the step the schedule allows: the sparse one once the last block
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
     not before `schedule.retry_at`; with its forward cache unless the cache did not pay earlier in
-    this `task` (`CACHE_PAYS_BELOW`). Returns (states, metrics, ran_sparse, schedule); the caller
+    this `task` (`CACHE_PAYS_BELOW`), taking over the cache the task's last block left in
+    `schedule.cache`. Returns (states, metrics, ran_sparse, schedule); the caller
     records the block's active count with `schedule._replace(active_last=...)` once the metrics
     are on the host (with several processes they are gathered first)."""
     if blocks.unpenalized is not None and not _any_slot_filled(states):
@@ -194,12 +202,23 @@ class StepPolicy(NamedTuple):
     )
     cached = blocks.uncached is not None and schedule.uncached_task != task
     sparse_block = (blocks.sparse if cached else blocks.uncached or blocks.sparse) if try_sparse else None
-    states, metrics, ran_sparse = run_block(states, *data, dense_block=blocks.dense, sparse_block=sparse_block)
+    carried = schedule.cache if cached and schedule.cache_task == task else None
+    schedule = schedule._replace(cache=None, cache_task=-1)  # a donated cache is gone whatever happens next
+    states, metrics, ran_sparse = run_block(
+      states, *data, dense_block=blocks.dense, sparse_block=sparse_block, cache=carried
+    )
+    states, cache = states if isinstance(states, forward_cache.Carried) else (states, None)
     retry_at = block_index + RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
     uncached_task = schedule.uncached_task
     if ran_sparse and cached and not _cache_pays(metrics.forward_fraction):
-      uncached_task = task
-    schedule = schedule._replace(started=schedule.started or ran_sparse, retry_at=retry_at, uncached_task=uncached_task)
+      uncached_task, cache = task, None
+    schedule = schedule._replace(
+      started=schedule.started or ran_sparse,
+      retry_at=retry_at,
+      uncached_task=uncached_task,
+      cache=cache,
+      cache_task=task if cache is not None else -1,
+    )
     return states, metrics, ran_sparse, schedule
 
 
@@ -244,18 +263,20 @@ def choose(
   return StepPolicy(spec=spec, optimizer=settings, sgd=sgd, reason=reason, cache_bytes=cache_bytes)
 
 
-def run_block(states, *data, dense_block, sparse_block=None):
+def run_block(states, *data, dense_block, sparse_block=None, cache=None):
   """One block of epochs, with the sparse step when it is exact, else the dense one.
 
-  The sparse block runs on the states and reports, per epoch, the fraction of
+  The sparse block runs on the states (with `cache`, the forward cache the task's last block
+  left, as `forward_cache.Carried`) and reports, per epoch, the fraction of
   steps it took exactly; if any step was not exact (an example had more active
   units than the sparse step carries), the block is redone with `dense_block`
-  from a copy of the input states. Returns (states, metrics, ran_sparse).
+  from a copy of the input states. Returns (states, metrics, ran_sparse); the states are a
+  `Carried` with the block's cache when the sparse block keeps one and ran.
   """
   if sparse_block is None:
     return (*dense_block(states, *data), False)
-  backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state
-  new_states, metrics = sparse_block(states, *data)
+  backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state (the cache is not copied)
+  new_states, metrics = sparse_block(states if cache is None else forward_cache.Carried(states, cache), *data)
   if bool(jnp.all(metrics.sparse_fraction == 1.0)):
     return new_states, metrics, True
   del new_states

@@ -430,15 +430,20 @@ def train_epochs(
   data_axis: str | None = None,
   cache_bytes: int = 0,
   dense_step: Callable | None = None,
+  keep_cache: bool = False,
 ):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
   With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.sparse`;
   the caller checks it is exact); the hidden kernel is carried neuron-major
   inside the block and transposed back at its end. With `cache_bytes` > 0, when the task's
-  activations fit that many bytes, the sparse step's forward reads a `forward_cache` built at the
-  block's start (its first epoch computes every row) and dropped at its end.
+  activations fit that many bytes, the sparse step's forward reads a `forward_cache`: the one
+  `state` carries (a `forward_cache.Carried` from the task's previous block), else an empty one
+  (its first epoch computes every row). With `keep_cache` the block returns it with the state
+  (`Carried`) for the task's next block; without, it is dropped at the block's end.
   """
+  carried = isinstance(state, forward_cache.Carried)
+  state, cache = state if carried else (state, None)
   x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
   # The penalty's A and m change only at task boundaries: laid out for the sparse step once per block.
   penalty = sparse.penalty_of(state.reg) if sparse_sgd is not None and regularizer is not None else None
@@ -463,12 +468,16 @@ def train_epochs(
     )
     return (state, cache), epoch_metrics
 
+  if carried and not cached:
+    raise ValueError("a carried forward cache needs the sparse step with a cache budget that holds the task")
   if sparse_sgd is None:
     (state, _), metrics = jax.lax.scan(body, (state, None), None, length=epochs)
     return state, metrics
-  cache = forward_cache.empty(x_task.shape[0], spec.neurons) if cached else None
-  (state, _), metrics = jax.lax.scan(body, (sparse.to_neuron_major_state(state), cache), None, length=epochs)
-  return sparse.to_neuron_major_state(state), metrics
+  if cached and not carried:
+    cache = forward_cache.empty(x_task.shape[0], spec.neurons)
+  (state, cache), metrics = jax.lax.scan(body, (sparse.to_neuron_major_state(state), cache), None, length=epochs)
+  state = sparse.to_neuron_major_state(state)
+  return (forward_cache.Carried(state, cache) if keep_cache and cached else state), metrics
 
 
 #: How the seeds of one program run: "vmap", "map" (`lax.map`), or "auto" (map on CPU, vmap elsewhere).
@@ -547,6 +556,7 @@ def make_train_block(
   mesh=None,
   cache_bytes: int = 0,
   dense_step: Callable | None = None,
+  keep_cache: bool = False,
 ):
   """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
 
@@ -560,6 +570,8 @@ def make_train_block(
       `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
       where `metrics.sparse_fraction` is 1: run it through `step_policy.run_block`.
     cache_bytes: with `sparse_sgd`, the byte budget of one model's `forward_cache` (0: none).
+    keep_cache: return the cache with the states (`forward_cache.Carried`, stacked over the seeds)
+      when the block has one, for the task's next block to take back as its states.
     dense_step: the dense step instead of `train_step` with `tx` (`train_epoch`); one device per model.
     mesh: a `sdm_jax.runs.mesh` Mesh: the seeds (padded to a multiple of its
       `seed` axis) are split over `seed`, each batch over `data`; None: one device.
@@ -589,6 +601,7 @@ def make_train_block(
     data_axis=data_axis,
     cache_bytes=cache_bytes,
     dense_step=dense_step,
+    keep_cache=keep_cache,
   )
   fn = mesh_lib.shard_seeds(
     over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, data_repeats=data_repeats),
