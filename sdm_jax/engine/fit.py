@@ -205,14 +205,14 @@ def fit(
     hidden = dataclasses.replace(spec.hidden, switch_activations=continual.gaba_switch_activations(tasks, switch))
     spec = dataclasses.replace(spec, hidden=hidden)
   with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
-    tx = _tx(spec, optimizer, learning_rate, clip_norm)
     policy = _policy(spec, optimizer, learning_rate, clip_norm, regularizer, train_step)
+    tx = _with_projection(spec, optimizer) if policy is None else policy.tx()
     return _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy)
 
 
 def _policy(spec, optimizer, learning_rate, clip_norm, regularizer, train_step) -> step_policy.StepPolicy | None:
-  """The step policy for an optimiser given by name (None, the dense step, for an optax one): the
-  settings `_tx` builds its chain from, so both steps take the same step."""
+  """The step policy for an optimiser given by name (None, the dense step, for an optax one): one
+  set of settings, from which it builds both the dense chain (`tx()`) and the sparse step."""
   if isinstance(optimizer, optax.GradientTransformation):
     return None
   return step_policy.choose(
@@ -255,11 +255,8 @@ def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy=None
   )
 
 
-def _tx(spec: models.ModelSpec, optimizer, learning_rate, clip_norm) -> optax.GradientTransformation:
-  """The run's optimiser: a given optax transformation, or one by name; then the SDM projection."""
-  if not isinstance(optimizer, optax.GradientTransformation):
-    lr = 0.05 if learning_rate is None else learning_rate
-    return optimizers.for_model(spec, optimizer, lr, clip_norm=1.0 if clip_norm is None else clip_norm or None)
+def _with_projection(spec: models.ModelSpec, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+  """A user's optax transformation, followed by the SDM projection where the model is constrained."""
   if not spec.hidden.constrained:
     return optimizer
   return optax.chain(optimizer, projection.project_after_update(lambda params: models.project_params(params, spec)))
