@@ -54,8 +54,9 @@ FIELDS: dict[str, str] = {
     "before that the fused dense step. `dense`: always the optax dense step (the reference)."
   ),
   "forward_cache_mib": (
-    "The sparse step's forward cache per model, in MiB: the task's examples x neurons x 4 bytes (507 MB for "
-    "MNIST at 10K neurons); a task that does not fit computes its forward densely. 0: no cache."
+    "The memory of the sparse step's forward caches, in MiB: a task's examples x neurons x 4 bytes per model "
+    "(507 MB for MNIST at 10K neurons). Every model's cache is kept between blocks when all fit; one model's "
+    "at a time inside its block when only that fits; else the forward is dense. 0: no cache."
   ),
   "matmul_precision": (
     "XLA's float32 matmul precision. `highest` is full float32 (as the authors' PyTorch runs); "

@@ -135,17 +135,19 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
   """Real MNIST, SDMLP+EWC past the switch, blocks of 2 epochs through `StepPolicy.run_block`: the
   cache one block leaves is taken over by the task's next block (whose first epoch then computes
   only part of the activations), a new task starts an empty one. The run ends bit for bit as the
-  same run resumed mid-task from host copies of its states and a checkpointed schedule (no cache),
-  and close to the sparse step without a cache; one neuron moved behind the carried cache's back (a
+  same run resumed mid-task from host copies of its states and a checkpointed schedule (no cache)
+  and as the run whose budget holds one model's cache only (kept inside each block), and close to
+  the sparse step without a cache; one neuron moved behind the carried cache's back (a
   stale cache) changes the result."""
   monkeypatch.setattr(step_policy, "CACHE_PAYS_BELOW", 1.01)  # keep the cache at this small width
+  ALL, ONE = 1 << 22, 1 << 21  # budgets for both models' caches (2 x 400 x 1000 x 4 B) and for one's
   x, y, sizes = _mnist_tasks()
   spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
   regularizer = regularizers.RegularizerSpec("ewc", 500.0)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
   policies = {
     budget: step_policy.choose(spec, learning_rate=0.1, regularizer=regularizer, cache_bytes=budget)
-    for budget in (1 << 22, 0)
+    for budget in (ALL, ONE, 0)
   }
   blocks = {
     b: p.blocks(batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer) for b, p in policies.items()
@@ -164,23 +166,26 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
       states, metrics, ran_sparse, schedule = policies[budget].run_block(
         blocks[budget], states, x, y, sizes, jnp.int32(task), schedule=schedule, block_index=index, task=task
       )
-      assert ran_sparse and (schedule.cache is not None) == (budget > 0)
+      assert ran_sparse and (schedule.cache is not None) == (budget == ALL)
       fractions.append(np.asarray(metrics.forward_fraction))
       if index == 2:
         states = end_task(states, x, y, sizes, jnp.int32(0))
     return states, schedule, fractions
 
-  full, schedule, fractions = run(1 << 22, *start(), plan)
+  full, schedule, fractions = run(ALL, *start(), plan)
   assert schedule.cache_task == 1
   for (index, _), fraction in zip(plan, fractions):
     first_of_task = index in (0, 3)
     assert (float(fraction[:, 0].min()) == 1.0) == first_of_task  # a carried cache: its first epoch is cheap too
   uncached, _, _ = run(0, *start(), plan)
   chex.assert_trees_all_close(full.params, uncached.params, atol=1e-6)
+  one_at_a_time, _, fractions = run(ONE, *start(), plan)  # each model's cache inside its block only
+  assert all(float(f[:, 0].min()) == 1.0 and float(f[:, 1:].max()) < 1.0 for f in fractions)
+  chex.assert_trees_all_equal(one_at_a_time.params, full.params)
 
-  halfway, schedule, _ = run(1 << 22, *start(), plan[:4])
+  halfway, schedule, _ = run(ALL, *start(), plan[:4])
   saved = step_policy.Schedule(schedule.started, schedule.active_last, schedule.retry_at, schedule.uncached_task)
-  resumed, _, _ = run(1 << 22, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
+  resumed, _, _ = run(ALL, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
   chex.assert_trees_all_equal(resumed.params, full.params)
 
   def move_one_neuron(index, states, schedule):
@@ -196,6 +201,6 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
     states, schedule = move_one_neuron(index, states, schedule)
     return states, schedule._replace(cache=None) if index == 4 else schedule
 
-  stale, _, _ = run(1 << 22, *start(), plan, before=move_one_neuron)
-  fresh, _, _ = run(1 << 22, *start(), plan, before=drop_cache)
+  stale, _, _ = run(ALL, *start(), plan, before=move_one_neuron)
+  fresh, _, _ = run(ALL, *start(), plan, before=drop_cache)
   assert not np.array_equal(np.asarray(stale.params["hidden"]["kernel"]), np.asarray(fresh.params["hidden"]["kernel"]))

@@ -14,7 +14,7 @@ def test_the_sparse_step_where_it_is_exact_with_the_reason_where_not():
   spec = models.sdmlp(784, 100, 10, k=5)
   policy = step_policy.choose(spec, learning_rate=0.03, clip_norm=0.5)
   assert policy.sgd == sparse.SparseSGD(0.03, 0.5) and policy.reason is None
-  assert "sparse" in policy.describe() and "forward cache up to 1024 MiB" in policy.describe()
+  assert "sparse" in policy.describe() and "forward cache within 2048 MiB" in policy.describe()
   cases = [
     (dict(optimizer="adam"), "optimizer 'adam'"),
     (dict(weight_decay=1e-4), "optimizer 'sgd'"),

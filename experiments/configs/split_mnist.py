@@ -145,8 +145,9 @@ def base_config() -> ml_collections.ConfigDict:
   # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/engine/sparse.py),
   # and before it the fused dense step (sdm_jax/engine/fused_dense.py). "dense": always the optax step.
   config.train_step = "auto"
-  # The sparse step's forward cache per model, in MiB (sdm_jax/engine/forward_cache.py); 0: none.
-  config.forward_cache_mib = 1024
+  # The sparse step's forward caches' memory, every model's, in MiB (sdm_jax/engine/forward_cache.py
+  # and step_policy.DEFAULT_CACHE_BYTES); 0: none.
+  config.forward_cache_mib = 2048
   # XLA's float32 matmul precision: default | high | highest (highest = full float32, as the authors'
   # PyTorch runs; "default" keeps JAX's own setting, which lets a GPU use TF32; on CPU all are float32).
   config.matmul_precision = "default"

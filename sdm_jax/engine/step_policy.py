@@ -47,9 +47,11 @@ import optax
 
 from sdm_jax.engine import forward_cache, fused_dense, models, optimizers, regularizers, sparse, train
 
-#: One model's forward-cache budget in bytes (1 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
-#: floats, is 507 MB). A task whose cache would not fit keeps the dense forward in the sparse step.
-DEFAULT_CACHE_BYTES = 1 << 30
+#: The forward caches' memory budget in bytes (2 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
+#: floats, is 507 MB per model, so three seeds' caches fit). When every model's cache fits, they are
+#: kept from block to block; when only one model's fits, each model's lives inside its block (the
+#: models run one after another: `lax.map`); when not even that, the sparse step's forward is dense.
+DEFAULT_CACHE_BYTES = 2 << 30
 #: Regularisers whose state changes only at consolidations, so that before the first one their
 #: penalty (its value and gradient 2 lambda A (theta - m), A = 0) is exactly zero and a block may
 #: skip it: the same numbers without its passes over theta, A and m. SI accumulates its path
@@ -101,7 +103,8 @@ class Schedule(NamedTuple):
 class Blocks(NamedTuple):
   """The compiled blocks of epochs of one policy (`StepPolicy.blocks`): the dense one, and the
   sparse one (None when the policy is dense) with the mean active units per example its slots hold;
-  `uncached`: the sparse one without the forward cache (None when it has none).
+  `uncached`: the sparse one without the forward cache (None when it has none); `carrying`: the
+  sparse one that returns its cache for the task's next block (None without a cache).
   `unpenalized`: the same without the regulariser, for blocks before its first consolidation,
   whose penalty is exactly zero (EWC, MAS, L2 on a step that may skip it; else None)."""
 
@@ -110,14 +113,15 @@ class Blocks(NamedTuple):
   capacity: int
   unpenalized: "Blocks | None" = None
   uncached: Callable | None = None
+  carrying: Callable | None = None
 
 
 class StepPolicy(NamedTuple):
   """Which step trains the blocks of a run (`choose`): `sgd` the sparse step's settings, or None
   with `reason` saying why the dense step must train every block.
 
-  `optimizer`: the settings both steps implement; `cache_bytes`: one model's forward-cache budget
-  (0: the sparse step computes its forward densely); `spec`: the model.
+  `optimizer`: the settings both steps implement; `cache_bytes`: the forward caches' memory budget
+  (`DEFAULT_CACHE_BYTES`; 0: the sparse step computes its forward densely); `spec`: the model.
   """
 
   spec: models.ModelSpec
@@ -143,7 +147,7 @@ class StepPolicy(NamedTuple):
     """One line for logs and benchmarks: which step, and why."""
     if self.sgd is None:
       return f"dense ({self.reason})" if self.reason else "dense"
-    cache = f", forward cache up to {self.cache_bytes / 2**20:.0f} MiB per model" if self.cache_bytes else ""
+    cache = f", forward cache within {self.cache_bytes / 2**20:.0f} MiB" if self.cache_bytes else ""
     return f"sparse after the switch (dense, fused, if a step overflows{cache})"
 
   def blocks(
@@ -173,9 +177,15 @@ class StepPolicy(NamedTuple):
       return Blocks(dense=block(), sparse=None, capacity=0)
     fused = fused_dense.ineligibility(self.spec, regularizer) is None
     dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd)) if fused else block()
-    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes, keep_cache=bool(self.cache_bytes))
-    uncached = block(sparse_sgd=self.sgd) if self.cache_bytes else None
-    blocks = Blocks(dense=dense_block, sparse=sparse_block, capacity=self.sgd.capacity(self.spec), uncached=uncached)
+    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
+    cached = bool(self.cache_bytes)
+    blocks = Blocks(
+      dense=dense_block,
+      sparse=sparse_block,
+      capacity=self.sgd.capacity(self.spec),
+      uncached=block(sparse_sgd=self.sgd) if cached else None,
+      carrying=block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes, keep_cache=True) if cached else None,
+    )
     if regularizer is not None and regularizer.method in UNPENALIZED_METHODS:
       # (jit compiles lazily: a run that never trains before a consolidation never builds these.)
       unpenalized = self.blocks(batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, tx=tx, **options)
@@ -189,7 +199,7 @@ class StepPolicy(NamedTuple):
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
     not before `schedule.retry_at`; with its forward cache unless the cache did not pay earlier in
     this `task` (`CACHE_PAYS_BELOW`), taking over the cache the task's last block left in
-    `schedule.cache`. Returns (states, metrics, ran_sparse, schedule); the caller
+    `schedule.cache` when every model's cache fits the budget (`carries`). Returns (states, metrics, ran_sparse, schedule); the caller
     records the block's active count with `schedule._replace(active_last=...)` once the metrics
     are on the host (with several processes they are gathered first)."""
     if blocks.unpenalized is not None and not _any_slot_filled(states):
@@ -201,8 +211,13 @@ class StepPolicy(NamedTuple):
       and block_index >= schedule.retry_at
     )
     cached = blocks.uncached is not None and schedule.uncached_task != task
-    sparse_block = (blocks.sparse if cached else blocks.uncached or blocks.sparse) if try_sparse else None
-    carried = schedule.cache if cached and schedule.cache_task == task else None
+    carrying = cached and blocks.carrying is not None and self.carries(states, data[1])
+    if carrying:
+      sparse_block = blocks.carrying
+    else:
+      sparse_block = blocks.sparse if cached else blocks.uncached or blocks.sparse
+    sparse_block = sparse_block if try_sparse else None
+    carried = schedule.cache if carrying and schedule.cache_task == task else None
     schedule = schedule._replace(cache=None, cache_task=-1)  # a donated cache is gone whatever happens next
     states, metrics, ran_sparse = run_block(
       states, *data, dense_block=blocks.dense, sparse_block=sparse_block, cache=carried
@@ -220,6 +235,12 @@ class StepPolicy(NamedTuple):
       cache_task=task if cache is not None else -1,
     )
     return states, metrics, ran_sparse, schedule
+
+  def carries(self, states, train_y) -> bool:
+    """Whether every model's forward cache fits the budget, so that they can be kept between blocks:
+    models x the padded task's examples (the last axis of `train_y`) x neurons x 4 bytes."""
+    models = jax.tree.leaves(states)[0].shape[0]
+    return forward_cache.fits(models * train_y.shape[-1], self.spec.neurons, self.cache_bytes)
 
 
 def choose(
