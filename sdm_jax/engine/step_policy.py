@@ -59,9 +59,8 @@ DEFAULT_CACHE_BYTES = 2 << 30
 UNPENALIZED_METHODS = ("ewc", "mas", "l2")
 #: The forward cache pays when, after a block's first epoch (which computes every row in a task's
 #: first block), its steps computed less than this share of the activations on average; above it,
-#: the cache's own traffic
-#: (each batch's rows gathered and written back) costs about what the skipped matmul rows save, and
-#: the rest of the task runs without it (`StepPolicy.run_block`).
+#: the cache's own traffic (each batch's rows gathered and written back) costs about what the
+#: skipped matmul rows save, and the rest of the task runs without it (`StepPolicy.run_block`).
 CACHE_PAYS_BELOW = 0.75
 #: A try that overflowed the slots retries this many blocks later (if the active count allows it
 #: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
@@ -199,9 +198,10 @@ class StepPolicy(NamedTuple):
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
     not before `schedule.retry_at`; with its forward cache unless the cache did not pay earlier in
     this `task` (`CACHE_PAYS_BELOW`), taking over the cache the task's last block left in
-    `schedule.cache` when every model's cache fits the budget (`carries`). Returns (states, metrics, ran_sparse, schedule); the caller
-    records the block's active count with `schedule._replace(active_last=...)` once the metrics
-    are on the host (with several processes they are gathered first)."""
+    `schedule.cache` when every model's cache fits the budget (`carries`). Returns (states,
+    metrics, ran_sparse, schedule); the caller records the block's active count with
+    `schedule._replace(active_last=...)` once the metrics are on the host (with several processes
+    they are gathered first)."""
     if blocks.unpenalized is not None and not _any_slot_filled(states):
       blocks = blocks.unpenalized  # the penalty is exactly zero: the same step without its passes
     try_sparse = (
@@ -212,11 +212,14 @@ class StepPolicy(NamedTuple):
     )
     cached = blocks.uncached is not None and schedule.uncached_task != task
     carrying = cached and blocks.carrying is not None and self.carries(states, data[1])
-    if carrying:
+    if not try_sparse:
+      sparse_block = None
+    elif carrying:
       sparse_block = blocks.carrying
+    elif cached or blocks.uncached is None:  # (None: no cache at all, `sparse` has none either)
+      sparse_block = blocks.sparse
     else:
-      sparse_block = blocks.sparse if cached else blocks.uncached or blocks.sparse
-    sparse_block = sparse_block if try_sparse else None
+      sparse_block = blocks.uncached
     carried = schedule.cache if carrying and schedule.cache_task == task else None
     schedule = schedule._replace(cache=None, cache_task=-1)  # a donated cache is gone whatever happens next
     states, metrics, ran_sparse = run_block(
