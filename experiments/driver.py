@@ -29,6 +29,7 @@ refused, and so is a pretrained run whose pretrain saw another embedder
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -313,36 +314,47 @@ def _earlier_rows(workdir: pathlib.Path, progress: continual.Progress, num_seeds
   return rows
 
 
+#: The rate and ETA come from this many recent blocks, so that they follow the step the run takes
+#: now (the GABA switch's dense step is several times slower than the sparse step after it).
+RATE_BLOCKS = 5
+
+
 @dataclasses.dataclass
 class _Speed:
-  """Steps per second over this session's blocks after the first (which includes compilation)."""
+  """Steps per second over this session's last `RATE_BLOCKS` blocks, leaving out those that
+  compiled a program (the session's first, the first on the sparse step)."""
 
   steps_per_block: list
   blocks_per_task: int
-  seconds: float = 0.0
-  steps: int = 0
+  recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=RATE_BLOCKS))
   blocks: int = 0
 
-  def update(self, dt: float, task: int) -> None:
+  def update(self, dt: float, task: int, compiled: bool = False) -> None:
     self.blocks += 1
-    if self.blocks > 1:
-      self.seconds, self.steps = self.seconds + dt, self.steps + self.steps_per_block[task]
+    if self.blocks > 1 and not compiled:
+      self.recent.append((dt, self.steps_per_block[task]))
 
-  def line(self, num_seeds: int, task: int, block_in_task: int) -> str:
-    if not self.seconds:
+  def line(self, num_seeds: int, task: int, block_in_task: int, switching: bool = False) -> str:
+    """The rate and ETA part of the progress line; `switching`: the run is still on the dense step
+    of the GABA switch and will take the faster sparse step after it (the ETA does not know when)."""
+    seconds, steps = map(sum, zip(*self.recent)) if self.recent else (0.0, 0)
+    if not seconds:
       return (
         f"rate and ETA from the next block (this one compiled); rate in seed-steps/s = optimiser steps per "
         f"second summed over the {num_seeds} model{'s' if num_seeds > 1 else ''} trained together (one per seed "
         "and population value)"
       )
-    rate = self.steps / self.seconds
+    rate = steps / seconds
     remaining = sum(self.steps_per_block[task + 1 :]) * self.blocks_per_task + self.steps_per_block[task] * (
       self.blocks_per_task - block_in_task - 1
     )
-    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {fmt_duration(remaining / rate)}"
+    note = " at the switch's dense rate (the sparse step after it is faster)" if switching else ""
+    return f"{rate * num_seeds:.0f} seed-steps/s | ETA {fmt_duration(remaining / rate)}{note}"
 
 
-def _progress_line(block: continual.Block, progress: continual.Progress, config, speed: _Speed) -> str:
+def _progress_line(
+  block: continual.Block, progress: continual.Progress, config, speed: _Speed, switching: bool = False
+) -> str:
   num_tasks, seeds = progress.acc.shape[1], progress.acc.shape[0]
   last = block.rows
   spread = f" ±{metrics.sem(block.full):.4f}" if seeds > 1 else ""
@@ -353,7 +365,7 @@ def _progress_line(block: continual.Block, progress: continual.Progress, config,
     f"active/ex {np.mean([r['active_per_example'] for r in last]):.1f} | "
     f"a* {np.mean([r['output_mean'] for r in last]):.3g} | "
     + (f"sparse step, forward {block.forward_fraction:.0%} | " if block.ran_sparse else "")
-    + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1)
+    + speed.line(seeds, block.task, block.epoch_in_task // config.eval_every - 1, switching)
   )
 
 
@@ -397,7 +409,7 @@ def _train(
     for states, block in continual.run(
       engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host, labels=labels
     ):
-      speed.update(time.time() - t0, block.task)
+      speed.update(time.time() - t0, block.task, compiled=block.first_sparse)
       writer.write_rows(block.rows)
       if block.first_sparse:
         logging.info(
@@ -409,7 +421,8 @@ def _train(
         logging.warning(block.warning)
       if block.task_end or progress.blocks_done % checkpoint_every == 0:
         save(states)
-      logging.info(_progress_line(block, progress, config, speed))
+      switching = engine.policy.sgd is not None and spec.hidden.k_schedule == "gaba" and not progress.sparse.started
+      logging.info(_progress_line(block, progress, config, speed, switching))
       t0 = time.time()
     status = "finished"
     final_states = mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh))  # (every process gathers)

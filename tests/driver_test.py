@@ -590,6 +590,21 @@ def test_the_first_progress_line_says_what_the_rate_counts():
   assert speed.line(6, 0, 1) == "120 seed-steps/s | ETA 0m01s"  # 10 steps in 0.5 s, x 6 models; 2 blocks left
 
 
+def test_the_rate_and_eta_follow_the_recent_blocks_and_say_when_the_switch_is_still_on():
+  """After the GABA switch the sparse step is several times faster: the rate comes from the last
+  `RATE_BLOCKS` blocks (leaving out one that compiled), and during the switch the ETA says so."""
+  speed = driver._Speed(steps_per_block=[10, 10], blocks_per_task=20)
+  for dt in [9.0] + [1.0] * 10:  # the compile block, then the dense switch: 10 steps per second
+    speed.update(dt, 0)
+  assert speed.line(1, 0, 10, switching=True) == (
+    "10 seed-steps/s | ETA 0m29s at the switch's dense rate (the sparse step after it is faster)"
+  )  # 29 blocks of 10 steps left
+  speed.update(5.0, 0, compiled=True)  # the first sparse block compiled: left out
+  for _ in range(driver.RATE_BLOCKS):
+    speed.update(0.25, 0)
+  assert speed.line(1, 0, 17) == "40 seed-steps/s | ETA 0m06s"  # 22 blocks of 10 steps at 40 per second: 5.5 s
+
+
 @pytest.mark.slow
 def test_the_run_logs_its_workdir_before_anything_of_the_run(tmp_path, caplog):
   """Issue 39: the workdir was named only on the last line."""
