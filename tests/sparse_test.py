@@ -154,6 +154,24 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
 
 
+def test_default_slots_per_example_widen_with_the_layer():
+  """max(8k, k + 64), at most r, and with the CPU kernels at least r // 32: 80 for the Table 7
+  rows at 1K (the main job's), 312 at 10K (80 on the XLA path), so a wide layer takes the sparse
+  step late in the switch; an explicit `max_active` wins, and one below k is refused."""
+  assert sparse.SparseSGD(0.05, kernel="xla").capacity(models.sdmlp(784, 10_000, 10, k=10)) == 80
+  if not cpu_kernels.available():  # tests/cpu_kernels_test.py asserts it builds with g++
+    pytest.skip(cpu_kernels.build_error())
+  sgd = sparse.SparseSGD(0.05)
+  assert sgd.capacity(models.sdmlp(784, 1000, 10, k=10)) == 80
+  assert sgd.capacity(models.sdmlp(784, 1000, 10, k=1)) == 65
+  assert sgd.capacity(models.sdmlp(784, 10_000, 10, k=10)) == 312
+  assert sgd.capacity(models.sdmlp(784, 10_000, 10, k=100)) == 800
+  assert sgd.capacity(models.sdmlp(784, 40, 10, k=5)) == 40
+  assert sparse.SparseSGD(0.05, max_active=120).capacity(models.sdmlp(784, 10_000, 10, k=10)) == 120
+  with pytest.raises(ValueError, match="max_active=5 is below k=10"):
+    sparse.SparseSGD(0.05, max_active=5).capacity(models.sdmlp(784, 1000, 10, k=10))
+
+
 @pytest.mark.slow
 def test_automatic_address_path_and_touched_overflow():
   """With the XLA update (`kernel="xla"`; the CPU kernel has no capacity):

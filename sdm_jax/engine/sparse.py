@@ -89,7 +89,11 @@ class SparseSGD(NamedTuple):
 
   `max_active`: the mean number of active units per example the step's slots hold, i.e.
   B * max_active slots for the batch's total (default max(8k, k + 64), at most the neurons;
-  at least k). One example may take any share of them: after the switch most examples fire about
+  at least k). With the CPU kernels the default is at least r // 32 (312 at 10K neurons; 80 at
+  1K): the kernels cost in proportion to the units that fire, not the slots, so a wide layer takes
+  the sparse step over the GABA switch's last ~100 epochs of task 1, where 60-250 units per
+  example still fire and the dense step would compute every neuron's gradient
+  (benchmarks/README.md). One example may take any share of them: after the switch most examples fire about
   k units and a few many more, which a per-example capacity would either drop or pay for on every
   example; the mean rises for the first epochs of a new task (neurons short of lambda = +1 fire on
   the new data) and near the end of the switch. The slots' XLA work (logits, output layer) grows
@@ -143,7 +147,10 @@ class SparseSGD(NamedTuple):
       raise ValueError(
         f"SparseSGD.max_active={self.max_active} is below k={spec.hidden.k}: after the switch k units fire"
       )
-    return min(self.max_active or max(8 * spec.hidden.k, spec.hidden.k + 64), spec.neurons)
+    k, neurons = spec.hidden.k, spec.neurons
+    # XLA's scatters cost in proportion to the slots; the kernels do not.
+    wide = neurons // 32 if self.address_kernel() == "ffi" else 0
+    return min(self.max_active or max(8 * k, k + 64, wide), neurons)
 
   def num_slots(self, spec: models.ModelSpec, batch: int) -> int:
     """The static number of slots of a batch: batch * `capacity`."""
