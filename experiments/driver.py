@@ -322,17 +322,18 @@ RATE_BLOCKS = 5
 @dataclasses.dataclass
 class _Speed:
   """Steps per second over this session's last `RATE_BLOCKS` blocks, leaving out those that
-  compiled a program (the session's first, the first on the sparse step)."""
+  compiled a program: this session's first block on each step ("dense", "sparse"), wherever the
+  run resumed."""
 
   steps_per_block: list
   blocks_per_task: int
   recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=RATE_BLOCKS))
-  blocks: int = 0
+  steps_seen: set = dataclasses.field(default_factory=set)
 
-  def update(self, dt: float, task: int, compiled: bool = False) -> None:
-    self.blocks += 1
-    if self.blocks > 1 and not compiled:
+  def update(self, dt: float, task: int, step: str = "dense") -> None:
+    if step in self.steps_seen:
       self.recent.append((dt, self.steps_per_block[task]))
+    self.steps_seen.add(step)
 
   def line(self, num_seeds: int, task: int, block_in_task: int, switching: bool = False) -> str:
     """The rate and ETA part of the progress line; `switching`: the run is still on the dense step
@@ -409,7 +410,7 @@ def _train(
     for states, block in continual.run(
       engine, states, tasks, schedule, seeds, progress, to_host=mesh_lib.to_host, labels=labels
     ):
-      speed.update(time.time() - t0, block.task, compiled=block.first_sparse)
+      speed.update(time.time() - t0, block.task, step="sparse" if block.ran_sparse else "dense")
       writer.write_rows(block.rows)
       if block.first_sparse:
         logging.info(

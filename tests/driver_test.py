@@ -599,10 +599,21 @@ def test_the_rate_and_eta_follow_the_recent_blocks_and_say_when_the_switch_is_st
   assert speed.line(1, 0, 10, switching=True) == (
     "10 seed-steps/s | ETA 0m29s at the switch's dense rate (the sparse step after it is faster)"
   )  # 29 blocks of 10 steps left
-  speed.update(5.0, 0, compiled=True)  # the first sparse block compiled: left out
+  speed.update(5.0, 0, step="sparse")  # the first sparse block compiled: left out
   for _ in range(driver.RATE_BLOCKS):
-    speed.update(0.25, 0)
+    speed.update(0.25, 0, step="sparse")
   assert speed.line(1, 0, 17) == "40 seed-steps/s | ETA 0m06s"  # 22 blocks of 10 steps at 40 per second: 5.5 s
+
+
+def test_a_resumed_session_leaves_out_its_first_block_on_each_step():
+  """A session resumed after the switch may start on a dense block (a redo) and compile the
+  sparse step a few blocks later, though the run's first sparse block was in an earlier session."""
+  speed = driver._Speed(steps_per_block=[10], blocks_per_task=20)
+  speed.update(4.0, 0, step="dense")  # compiled: left out
+  speed.update(1.0, 0, step="dense")
+  speed.update(6.0, 0, step="sparse")  # compiled: left out
+  speed.update(0.25, 0, step="sparse")
+  assert speed.line(1, 0, 3) == "16 seed-steps/s | ETA 0m10s"  # 20 steps in 1.25 s; 16 blocks of 10 left
 
 
 @pytest.mark.slow
