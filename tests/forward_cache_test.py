@@ -1,6 +1,7 @@
 """The sparse step's forward from cached activations (`sdm_jax/engine/forward_cache.py`)."""
 
 import functools
+import json
 
 import chex
 import jax
@@ -9,7 +10,17 @@ import numpy as np
 import pytest
 
 from sdm_jax import data
-from sdm_jax.engine import cpu_kernels, forward_cache, models, optimizers, regularizers, sparse, step_policy, train
+from sdm_jax.engine import (
+  continual,
+  cpu_kernels,
+  forward_cache,
+  models,
+  optimizers,
+  regularizers,
+  sparse,
+  step_policy,
+  train,
+)
 
 
 def _batch(rng, examples, inputs):
@@ -184,7 +195,10 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
   chex.assert_trees_all_equal(one_at_a_time.params, full.params)
 
   halfway, schedule, _ = run(ALL, *start(), plan[:4])
-  saved = step_policy.Schedule(schedule.started, schedule.active_last, schedule.retry_at, schedule.uncached_task)
+  progress = continual.Progress.start(1, 2)
+  progress.sparse = schedule
+  saved = continual.Progress.from_json(json.loads(json.dumps(progress.to_json()))).sparse  # what a checkpoint keeps
+  assert saved.cache is None and saved._replace(cache=schedule.cache, cache_task=schedule.cache_task) == schedule
   resumed, _, _ = run(ALL, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
   chex.assert_trees_all_equal(resumed.params, full.params)
 

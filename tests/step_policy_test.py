@@ -116,9 +116,10 @@ def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit
   assert step_policy._any_slot_filled(filled.replace(reg=filled.reg.replace(filled=jnp.ones_like(filled.reg.filled))))
 
 
-def test_the_forward_cache_is_dropped_for_the_rest_of_a_task_where_it_does_not_pay():
+def test_the_forward_cache_is_dropped_where_it_does_not_pay_and_tried_again_later():
   """A cached block whose epochs after the first computed >= `CACHE_PAYS_BELOW` of the activations:
-  the task's later blocks run the uncached sparse block; the next task tries the cache again."""
+  the task's next `CACHE_RETRY_BLOCKS` blocks run the uncached sparse block, then the cache is
+  tried again; the next task tries it at once."""
   calls = []
 
   def block(kind, computed):
@@ -131,15 +132,23 @@ def test_the_forward_cache_is_dropped_for_the_rest_of_a_task_where_it_does_not_p
 
   policy = step_policy.choose(models.sdmlp(784, 100, 10, k=5))
   schedule = step_policy.Schedule(active_last=1.0)
-  for computed, task, expect, uncached_task in [
-    (0.25, 0, "cached", -1),  # pays
-    (0.9, 0, "cached", 0),  # does not pay: the rest of task 0 without it
-    (0.9, 0, "uncached", 0),
-    (0.9, 1, "cached", 1),  # a new task tries again
+  retry = step_policy.CACHE_RETRY_BLOCKS
+  for index, computed, task, expect, uncached_task in [
+    (0, 0.25, 0, "cached", -1),  # pays
+    (1, 0.9, 0, "cached", 0),  # does not pay: task 0's next CACHE_RETRY_BLOCKS blocks without it
+    (2, 0.9, 0, "uncached", 0),
+    (retry, 0.9, 0, "uncached", 0),
+    (1 + retry, 0.25, 0, "cached", 0),  # tried again later in the task, and now it pays: kept
+    (2 + retry, 0.9, 0, "cached", 0),  # does not pay again: another CACHE_RETRY_BLOCKS without it
+    (3 + retry, 0.9, 0, "uncached", 0),
+    (4 + retry, 0.9, 1, "cached", 1),  # a new task tries again at once
   ]:
     blocks = step_policy.Blocks(
       dense=block("dense", 1.0), sparse=block("cached", computed), capacity=10, uncached=block("uncached", 1.0)
     )
     calls.clear()
-    _, _, ran_sparse, schedule = policy.run_block(blocks, {"w": jnp.zeros(2)}, schedule=schedule, task=task)
-    assert calls == [expect] and ran_sparse and schedule.uncached_task == uncached_task
+    _, _, ran_sparse, schedule = policy.run_block(
+      blocks, {"w": jnp.zeros(2)}, schedule=schedule, task=task, block_index=index
+    )
+    assert calls == [expect] and ran_sparse and schedule.uncached_task == uncached_task, (index, calls)
+  assert schedule.cache_retry_at == 4 + 2 * retry

@@ -279,6 +279,7 @@ class Progress:
       active_last=self.sparse.active_last,
       sparse_retry_at=self.sparse.retry_at,
       sparse_uncached_task=self.sparse.uncached_task,
+      sparse_cache_retry_at=self.sparse.cache_retry_at,
       warnings=self.warnings,
     )
 
@@ -294,7 +295,11 @@ class Progress:
       saved["blocks_done"],
       None if dead is None else np.asarray(dead, float),
       step_policy.Schedule(
-        saved["sparse_started"], saved["active_last"], saved["sparse_retry_at"], saved.get("sparse_uncached_task", -1)
+        saved["sparse_started"],
+        saved["active_last"],
+        saved["sparse_retry_at"],
+        saved.get("sparse_uncached_task", -1),
+        saved.get("sparse_cache_retry_at", 0),  # (saved before it existed: the next block tries the cache)
       ),
       list(saved.get("warnings", [])),
     )

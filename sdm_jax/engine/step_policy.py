@@ -60,8 +60,14 @@ UNPENALIZED_METHODS = ("ewc", "mas", "l2")
 #: The forward cache pays when, after a block's first epoch (which computes every row in a task's
 #: first block), its steps computed less than this share of the activations on average; above it,
 #: the cache's own traffic (each batch's rows gathered and written back) costs about what the
-#: skipped matmul rows save, and the rest of the task runs without it (`StepPolicy.run_block`).
+#: skipped matmul rows save, and the task's next `CACHE_RETRY_BLOCKS` blocks run without it
+#: (`StepPolicy.run_block`).
 CACHE_PAYS_BELOW = 0.75
+#: A cache that did not pay is tried again this many blocks later in the same task: early in a task
+#: most live neurons move every epoch, later fewer may. A retry that does not pay costs about one
+#: block's cache traffic; a task of the full protocol (50 blocks) retries at most 4 times, and the
+#: main job's tasks (10 blocks) never.
+CACHE_RETRY_BLOCKS = 10
 #: A try that overflowed the slots retries this many blocks later (if the active count allows it
 #: then). The slots hold the batch's total, so a miss is a transient (the first epochs of a new
 #: task, when neurons short of lambda = +1 fire on the new digits), and it costs one sparse block.
@@ -85,7 +91,8 @@ class Schedule(NamedTuple):
   most active units per example in the last block's last epoch (None before
   the first block); retry_at: the block index before which no try is made
   (after a try that was not exact, `RETRY_BLOCKS` blocks later); uncached_task: the task in which
-  the forward cache was found not to pay (`CACHE_PAYS_BELOW`), whose later blocks run without it.
+  the forward cache was last found not to pay (`CACHE_PAYS_BELOW`), whose blocks before
+  cache_retry_at run without it (`CACHE_RETRY_BLOCKS`).
   cache: the forward cache the last block left (device arrays stacked over the models), for the next
   block of `cache_task`; None after a dense block. Checkpoints save the other fields only: a
   resumed run starts with an empty cache (exact: `forward_cache`).
@@ -95,6 +102,7 @@ class Schedule(NamedTuple):
   active_last: float | None = None
   retry_at: int = 0
   uncached_task: int = -1
+  cache_retry_at: int = 0
   cache: forward_cache.ForwardCache | None = None
   cache_task: int = -1
 
@@ -196,9 +204,10 @@ class StepPolicy(NamedTuple):
   ):
     """One block of epochs on the step the schedule allows: the sparse one once the last block
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
-    not before `schedule.retry_at`; with its forward cache unless the cache did not pay earlier in
-    this `task` (`CACHE_PAYS_BELOW`), taking over the cache the task's last block left in
-    `schedule.cache` when every model's cache fits the budget (`carries`). Returns (states,
+    not before `schedule.retry_at`; with its forward cache unless the cache did not pay in this
+    `task` fewer than `CACHE_RETRY_BLOCKS` blocks ago (`CACHE_PAYS_BELOW`), taking over the cache
+    the task's last block left in `schedule.cache` when every model's cache fits the budget
+    (`carries`). Returns (states,
     metrics, ran_sparse, schedule); the caller records the block's active count with
     `schedule._replace(active_last=...)` once the metrics are on the host (with several processes
     they are gathered first)."""
@@ -210,7 +219,7 @@ class StepPolicy(NamedTuple):
       and schedule.active_last <= blocks.capacity
       and block_index >= schedule.retry_at
     )
-    cached = blocks.uncached is not None and schedule.uncached_task != task
+    cached = blocks.uncached is not None and (schedule.uncached_task != task or block_index >= schedule.cache_retry_at)
     carrying = cached and blocks.carrying is not None and self.carries(states, data[1])
     if not try_sparse:
       sparse_block = None
@@ -227,13 +236,14 @@ class StepPolicy(NamedTuple):
     )
     states, cache = states if isinstance(states, forward_cache.Carried) else (states, None)
     retry_at = block_index + RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
-    uncached_task = schedule.uncached_task
+    uncached_task, cache_retry_at = schedule.uncached_task, schedule.cache_retry_at
     if ran_sparse and cached and not _cache_pays(metrics.forward_fraction):
-      uncached_task, cache = task, None
+      uncached_task, cache_retry_at, cache = task, block_index + CACHE_RETRY_BLOCKS, None
     schedule = schedule._replace(
       started=schedule.started or ran_sparse,
       retry_at=retry_at,
       uncached_task=uncached_task,
+      cache_retry_at=cache_retry_at,
       cache=cache,
       cache_task=task if cache is not None else -1,
     )
