@@ -89,18 +89,16 @@ class SparseSGD(NamedTuple):
 
   `max_active`: the mean number of active units per example the step's slots hold, i.e.
   B * max_active slots for the batch's total (default max(8k, k + 64), at most the neurons;
-  at least k). With the CPU kernels the default is at least r // 32 (312 at 10K neurons; 80 at
-  1K): the kernels cost in proportion to the units that fire, not the slots, so a wide layer takes
-  the sparse step over the GABA switch's last ~100 epochs of task 1, where 60-250 units per
-  example still fire and the dense step would compute every neuron's gradient
-  (benchmarks/README.md). One example may take any share of them: after the switch most examples fire about
+  at least k). One example may take any share of them: after the switch most examples fire about
   k units and a few many more, which a per-example capacity would either drop or pay for on every
-  example; the mean rises for the first epochs of a new task (neurons short of lambda = +1 fire on
-  the new data) and near the end of the switch. The slots' XLA work (logits, output layer) grows
-  with their number (benchmarks/README.md). A batch with more active units in
-  all is flagged, and `train.run_block` redoes its block with the dense step, so the result is
-  always exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and
-  the FFI path's logits and output layer, in proportion to the slots.
+  example. The mean rises near the end of the switch and for the first epochs of a new task
+  (neurons short of lambda = +1 fire on the new data). A batch with more active units in all is
+  flagged, and `train.run_block` redoes its block with the dense step, so the result is always
+  exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and the FFI
+  path's logits and output layer, in proportion to the slots (benchmarks/README.md). So with the
+  CPU kernels the default is at least r // 32 (312 at 10K neurons; 80 at 1K): a wide layer then
+  takes the sparse step over the GABA switch's last ~100 epochs of task 1, where 60-250 units per
+  example still fire, and at the start of later tasks, where 80 slots overflowed.
 
   `max_touched` picks how the XLA path updates the address rows. 0: one scatter-add row per
   slot. n > 0: the distinct neurons of the batch (at most n; more is flagged like the slots)

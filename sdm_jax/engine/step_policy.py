@@ -207,10 +207,9 @@ class StepPolicy(NamedTuple):
     not before `schedule.retry_at`; with its forward cache unless the cache did not pay in this
     `task` fewer than `CACHE_RETRY_BLOCKS` blocks ago (`CACHE_PAYS_BELOW`), taking over the cache
     the task's last block left in `schedule.cache` when every model's cache fits the budget
-    (`carries`). Returns (states,
-    metrics, ran_sparse, schedule); the caller records the block's active count with
-    `schedule._replace(active_last=...)` once the metrics are on the host (with several processes
-    they are gathered first)."""
+    (`carries`). Returns (states, metrics, ran_sparse, schedule); the caller records the block's
+    active count with `schedule._replace(active_last=...)` once the metrics are on the host (with
+    several processes they are gathered first)."""
     if blocks.unpenalized is not None and not _any_slot_filled(states):
       blocks = blocks.unpenalized  # the penalty is exactly zero: the same step without its passes
     try_sparse = (
