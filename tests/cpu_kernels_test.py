@@ -446,3 +446,42 @@ def test_dense_update_is_bitwise_the_same_on_any_number_of_threads(tmp_path):
   assert results[0][-1] < 0.05  # the clip acted (the norm's sum matters)
   for other in results[1:]:
     np.testing.assert_array_equal(other, results[0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("examples, neurons, batch", [(50, 37, 21), (300, 1000, 128), (40, 16, 16), (90, 1003, 35)])
+def test_cache_rows_and_cache_write_equal_the_gather_and_scatter(examples, neurons, batch):
+  """Full tiles of 16 x 16, partial ones and padding columns (index N or beyond): the same bits as
+  the XLA gather-transpose and transpose-scatter they replace in `forward_cache`."""
+  rng = np.random.default_rng(neurons)
+  rows = jnp.asarray(rng.normal(size=(examples, neurons)).astype(np.float32))
+  a = jnp.asarray(rng.normal(size=(neurons, batch)).astype(np.float32))
+  for index in (rng.permutation(examples)[:batch], np.append(rng.permutation(examples)[: batch - 2], [examples, 10**6])):
+    index = jnp.asarray(index, jnp.int32)
+    want_rows = np.asarray(rows.at[index].get(mode="fill", fill_value=0.0).T)
+    np.testing.assert_array_equal(np.asarray(cpu_kernels.cache_rows(rows, index)), want_rows)
+    want_write = np.asarray(rows.at[index].set(a.T, mode="drop"))
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.cache_write)(rows, a, index)), want_write)
+  assert rows.shape == (examples, neurons) and not rows.is_deleted()  # not donated: the input is intact
+
+
+@needs_kernel
+def test_cache_kernels_under_vmap_and_in_place():
+  """Two models under `jax.vmap` equal their own calls; in a scan the cache is written in place (no
+  copy of the [N, r] buffer)."""
+  rng = np.random.default_rng(7)
+  rows = jnp.asarray(rng.normal(size=(2, 64, 48)).astype(np.float32))
+  a = jnp.asarray(rng.normal(size=(2, 48, 16)).astype(np.float32))
+  index = jnp.asarray(np.stack([rng.permutation(64)[:16], rng.permutation(64)[:16]]), jnp.int32)
+  got_rows = jax.vmap(cpu_kernels.cache_rows)(rows, index)
+  got_write = jax.vmap(cpu_kernels.cache_write)(rows, a, index)
+  for m in range(2):
+    np.testing.assert_array_equal(got_rows[m], cpu_kernels.cache_rows(rows[m], index[m]))
+    np.testing.assert_array_equal(got_write[m], rows[m].at[index[m]].set(a[m].T))
+
+  def run(cache):
+    return jax.lax.scan(lambda c, i: (cpu_kernels.cache_write(c, a[0], i), None), cache, index)[0]
+
+  hlo = jax.jit(run, donate_argnums=0).lower(rows[0]).compile().as_text()
+  assert "sdm_jax_cache_write" in hlo
+  assert not [line for line in hlo.splitlines() if "f32[64,48]" in line and " copy(" in line]

@@ -23,6 +23,9 @@ from sdm_jax.engine import (
 )
 
 
+_NEEDS_KERNELS = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels did not build")
+
+
 def _batch(rng, examples, inputs):
   x = np.maximum(rng.normal(size=(examples, inputs)), 0).astype(np.float32)
   return jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
@@ -33,14 +36,15 @@ def _addresses(rng, neurons, inputs):
   return jnp.asarray(a / np.linalg.norm(a, axis=1, keepdims=True))
 
 
-def test_cached_forward_equals_the_matmul_and_a_stale_cache_does_not():
+@pytest.mark.parametrize("kernels", [False, pytest.param(True, marks=_NEEDS_KERNELS)], ids=["xla", "ffi"])
+def test_cached_forward_equals_the_matmul_and_a_stale_cache_does_not(kernels):
   """Examples visited, a few neurons moved and marked, examples visited again: every activation
   equals relu(X x) bit for bit, with fewer columns computed; a moved neuron left unmarked (a stale
-  cache) is caught by the same comparison."""
+  cache) is caught by the same comparison. The rows move through XLA or the CPU kernels."""
   rng = np.random.default_rng(0)
   neurons, inputs, examples, batch = 160, 784, 48, 16
   x_all, addresses = _batch(rng, examples, inputs), _addresses(rng, neurons, inputs)
-  forward = jax.jit(forward_cache.activations)
+  forward = jax.jit(functools.partial(forward_cache.activations, kernels=kernels))
   cache = forward_cache.empty(examples, neurons)
   step = 0
   for start in range(0, examples, batch):  # the first visits: dense

@@ -34,6 +34,11 @@ read of X and G and one write of X, column tile by column tile), where XLA's opt
 It is the one kernel that uses several threads: its column tiles and the norm's partial sums are
 split over the CPUs the process may use (its affinity mask; `$SDM_JAX_DENSE_THREADS` overrides), with
 the same result bit for bit as on one thread. The others run on the calling thread.
+`cache_rows` and `cache_write` move a batch's rows of the `forward_cache` (example-major [N, r])
+to and from the neuron-major [r, B] the sparse step takes: one pass each, by 16 x 16 tiles
+transposed in registers (AVX-512; elsewhere a fixed-size loop for the compiler to vectorise),
+where XLA:CPU gathers then transposes, and transposes then scatters. Pure data movement: the
+same bits as the XLA code.
 Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
@@ -73,6 +78,8 @@ _TARGETS = {
   "sdm_jax_top_values_and_indices": "SdmTopValuesAndIndices",
   "sdm_jax_active_units": "SdmActiveUnits",
   "sdm_jax_dense_update": "SdmDenseUpdate",
+  "sdm_jax_cache_rows": "SdmCacheRows",
+  "sdm_jax_cache_write": "SdmCacheWrite",
 }
 #: The `g++` flags the FFI kernels are compiled with.
 FLAGS = (
@@ -289,6 +296,33 @@ def dense_update(addresses, gradient, values_sq, *, learning_rate: float, clip_n
     learning_rate=learning_rate,
     clip_norm=clip_norm,
   )
+
+
+def cache_rows(rows, index):
+  """`forward_cache`'s read of a batch: rows [..., N, r] f32, index [..., B] int32 (N or more:
+  padding) -> [..., r, B] with [i, b] = rows[index[b], i], 0 for padding; i.e.
+  `rows.at[index].get(mode="fill", fill_value=0).T` in one pass (the same bits)."""
+  _check_available()
+  if rows.ndim < 2 or index.shape[:-1] != rows.shape[:-2]:
+    raise ValueError(f"expected rows [..., N, r] and index [..., B], got {rows.shape} and {index.shape}")
+  out = jax.ShapeDtypeStruct(rows.shape[:-2] + (rows.shape[-1], index.shape[-1]), jnp.float32)
+  call = jax.ffi.ffi_call("sdm_jax_cache_rows", out, vmap_method="broadcast_all")
+  return call(rows.astype(jnp.float32), index.astype(jnp.int32))
+
+
+def cache_write(rows, a, index):
+  """`forward_cache`'s write-back of a batch: rows [..., N, r] f32 with rows[index[b]] = a[:, b]
+  (a [..., r, B]) where index[b] < N, the others unchanged; i.e.
+  `rows.at[index].set(a.T, mode="drop")` for distinct indices, in one pass, in place when `rows`
+  is donated (the same bits)."""
+  _check_available()
+  if rows.ndim < 2 or a.shape != rows.shape[:-2] + (rows.shape[-1], index.shape[-1]):
+    raise ValueError(f"expected rows [..., N, r], a [..., r, B], index [..., B]; got {rows.shape}, {a.shape}, {index.shape}")
+  call = jax.ffi.ffi_call(
+    "sdm_jax_cache_write", jax.ShapeDtypeStruct(rows.shape, jnp.float32), input_output_aliases={0: 0},
+    vmap_method="broadcast_all",
+  )
+  return call(rows.astype(jnp.float32), a.astype(jnp.float32), index.astype(jnp.int32))
 
 
 def _address_update(target, outputs, operands, *, learning_rate, clip_norm, aliases=None):

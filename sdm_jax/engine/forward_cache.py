@@ -25,9 +25,11 @@ shape may (JAX 0.12's XLA:CPU does for tiny layers).
 Costs. The recomputed rows come in tiers from r/16 to r/2 neurons (`TIERS`, one `lax.switch`:
 only the taken branch runs); more stale neurons than r/2, or an example never visited (a
 task's first epoch), take the dense matmul. Each step also moves the batch's cached rows
-(gathered, transposed, written back: 4 x B x r floats, 5 MB per step at 10K neurons). What a step saves is the share of neurons NOT
-updated within about one epoch (the batch's oldest visit): neurons that no example of the task
-fires, or that fire rarely. `benchmarks/README.md` has the measured shares and times. The cache holds num_examples x r
+(read into the neuron-major [r, B] and written back: at least 4 x B x r floats, 5 MB per step
+at 10K neurons; with the CPU kernels one pass each way, `cpu_kernels.cache_rows` and
+`cache_write`). What a step saves is the share of neurons NOT updated within about one epoch
+(the batch's oldest visit): neurons that no example of the task fires, or that fire rarely.
+`benchmarks/README.md` has the measured shares and times. The cache holds num_examples x r
 float32 (12,665 x 10,000 x 4 B = 507 MB for one MNIST task at 10K neurons); `fits` says whether
 it fits a byte budget, and the caller keeps the dense forward when it does not (`step_policy`).
 A block built with `keep_cache` (`train.make_train_block`) returns its cache with the state
@@ -44,6 +46,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from sdm_jax.engine import cpu_kernels
 
 #: The recomputed rows' capacities in sixteenths of the neurons (r/16 ... r/2); more: the dense matmul
 #: (beyond half the rows, the gathered matmul plus the cache's row traffic costs about what it saves).
@@ -95,13 +99,16 @@ def stale_neurons(cache: ForwardCache, idx, valid) -> jax.Array:
   return cache.updated_at >= oldest
 
 
-def activations(cache: ForwardCache, addresses, x, idx, valid, step):
+def activations(cache: ForwardCache, addresses, x, idx, valid, step, *, kernels: bool = False):
   """relu(X_a x) for the batch, neuron-major [r, B], from the cache where it is still exact.
 
   addresses [r, n] neuron-major; x [B, n] the layer's inputs (zero rows for padding); idx [B] the
   examples' rows in the task; valid [B]; step the current step counter. Returns (a, the cache with
   the batch's rows and visits recorded, the fraction of the r x B entries computed this step).
-  The caller records the step's updated neurons with `mark_updated` after the update.
+  The caller records the step's updated neurons with `mark_updated` after the update. `kernels`:
+  move the batch's rows with the CPU kernels (`cpu_kernels.cache_rows`, `cache_write`: one pass
+  each where XLA:CPU makes a gather, a transpose and a scatter; the same bits), as the sparse
+  step does when it uses its own (`sparse.SparseSGD.address_kernel`).
   """
   neurons = addresses.shape[0]
   stale = stale_neurons(cache, idx, valid)
@@ -114,7 +121,8 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step):
       # Sorted stale neuron ids, padded with the out-of-range id r (reads zeros, writes dropped).
       rows = jnp.nonzero(stale, size=capacity, fill_value=neurons)[0]
       fresh = jax.nn.relu(addresses.at[rows].get(mode="fill", fill_value=0.0) @ x.T)  # [capacity, B]
-      cached_rows = cache.activations[idx].T  # [r, B] (read in the gathered branches only: the dense one needs none)
+      # [r, B], read in the gathered branches only (the dense one needs none).
+      cached_rows = cpu_kernels.cache_rows(cache.activations, idx) if kernels else cache.activations[idx].T
       a = cached_rows.at[rows].set(fresh, mode="drop", unique_indices=True, indices_are_sorted=True)
       return a, jnp.float32(capacity / neurons)
 
@@ -125,8 +133,12 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step):
   a, computed = jax.lax.switch(tier, [*(gathered(c) for c in capacities), dense])
   a = jnp.where(valid[None, :], a, 0.0)  # a padded example (x = 0) has no activation
   write = jnp.where(valid, idx, cache.activations.shape[0])  # padding rows record nothing
+  if kernels:
+    rows = cpu_kernels.cache_write(cache.activations, a, write)
+  else:
+    rows = cache.activations.at[write].set(a.T, mode="drop")
   cache = cache._replace(
-    activations=cache.activations.at[write].set(a.T, mode="drop"),
+    activations=rows,
     visited_at=cache.visited_at.at[write].set(step, mode="drop"),
   )
   return a, cache, computed

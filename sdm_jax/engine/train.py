@@ -360,7 +360,13 @@ def train_epoch(
       # Outside the `lax.cond` below: a cache passed through a conditional is copied on XLA:CPU.
       addresses = state.params["hidden"]["kernel"]
       activations, cache, computed = forward_cache.activations(
-        cache, addresses, sparse.layer_input(x, valid), idx, valid, step_index
+        cache,
+        addresses,
+        sparse.layer_input(x, valid),
+        idx,
+        valid,
+        step_index,
+        kernels=sparse_sgd.address_kernel() == "ffi",
       )
 
     def step(state, penalty, activations):

@@ -4,7 +4,8 @@
 //   SdmSparseUpdatePenalized  the same plus a quadratic penalty (EWC, MAS, SI, L2);
 //   SdmSparseUpdatePathIntegral  the penalised update plus SI's path integral w -= g_si * delta theta;
 //   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices);
-//   SdmDenseUpdate         the DENSE step's address update: clip, SGD, projection in 3 passes (end of file).
+//   SdmDenseUpdate         the DENSE step's address update: clip, SGD, projection in 3 passes;
+//   SdmCacheRows, SdmCacheWrite  the forward cache's row traffic: a batch's rows read and written back (end of file).
 //
 // Slots. A batch's active units are S slots (example, neuron, value), sorted by example; the
 // first `total` hold the units with a* = relu(a - lambda I) > 0 (Eq. 4; lambda of the GABA
@@ -924,3 +925,177 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmDenseUpdate, DenseUpdateImpl,
                                   .Attr<double>("clip_norm")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
                                   .Ret<ffi::Buffer<ffi::F32>>());  // step size [...]
+
+// SdmCacheRows and SdmCacheWrite: the forward cache's row traffic (sdm_jax/engine/forward_cache.py).
+//   rows [..., N, r] f32: each training example's cached activations, example-major
+//   index [..., B] s32: each batch column's row in `rows`; N or more (padding): none
+// CacheRows:  out [..., r, B], out[i, b] = rows[index[b], i], 0 where index[b] >= N: the batch's
+//   cached activations, neuron-major as the sparse step takes them.
+// CacheWrite: rows[index[b], :] = a[:, b] for every b with index[b] < N; `rows` is aliased to the
+//   result and updated in place (indices are distinct, as a batch of a permutation is).
+// XLA:CPU gathers the rows, then transposes them in a second pass (and the reverse, plus a scatter
+// with its own copy, to write them back); these move each float once, in tiles of 16 examples x 16
+// neurons (a 64 B line of each of 16 rows: 16 sequential streams, and each line of the [r, B]
+// side written or read whole). Pure data movement: the same bits as the XLA code.
+namespace {
+
+constexpr int64_t kCacheTile = 16;
+
+// The 16 x 16 transpose of a tile: out[i][b] = in[b][i] (fixed sizes, for the compiler to vectorise).
+inline void Transpose16(const float (&in)[kCacheTile][kCacheTile], float (&out)[kCacheTile][kCacheTile]) {
+  for (int64_t i = 0; i < kCacheTile; ++i) {
+#pragma omp simd
+    for (int64_t b = 0; b < kCacheTile; ++b) out[i][b] = in[b][i];
+  }
+}
+
+#if defined(__AVX512F__)
+// The same on 16 registers in place (32-bit, 64-bit, then two 128-bit-lane interleaves): 64 shuffles.
+inline void Transpose16Registers(__m512 r[16]) {
+  __m512 t[16];
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+    __m512d c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+    r[4 * k + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+    r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xdd);
+  }
+}
+#endif
+
+// One full tile: the 16 x 16 floats at from[k] + offset (k = 0..15) to to[j] + offset2 (j = 0..15),
+// transposed: to[j][offset2 + k] = from[k][offset + j].
+inline void MoveTile(float* const from[kCacheTile], int64_t offset, float* const to[kCacheTile], int64_t offset2) {
+#if defined(__AVX512F__)
+  __m512 v[kCacheTile];
+  for (int64_t k = 0; k < kCacheTile; ++k) v[k] = _mm512_loadu_ps(from[k] + offset);
+  Transpose16Registers(v);
+  for (int64_t j = 0; j < kCacheTile; ++j) _mm512_storeu_ps(to[j] + offset2, v[j]);
+#else
+  alignas(64) float in[kCacheTile][kCacheTile], out[kCacheTile][kCacheTile];
+  for (int64_t k = 0; k < kCacheTile; ++k) std::memcpy(in[k], from[k] + offset, sizeof(in[k]));
+  Transpose16(in, out);
+  for (int64_t j = 0; j < kCacheTile; ++j) std::memcpy(to[j] + offset2, out[j], sizeof(out[j]));
+#endif
+}
+
+// rows -> out [r, B] (to_neuron_major) or a [r, B] -> rows (!to_neuron_major), tile by tile of 16
+// batch columns x 16 neurons; padding columns (index >= N) read as 0 and are not written. A full
+// tile of 16 real rows goes through fixed-size loops (vector loads, a register transpose, vector
+// stores); the rest element by element.
+template <bool kToNeuronMajor>
+void CacheMove(float* rows, float* nm, const int32_t* index, int64_t N, int64_t r, int64_t B) {
+  for (int64_t b0 = 0; b0 < B; b0 += kCacheTile) {
+    const int64_t nb = std::min(kCacheTile, B - b0);
+    float* starts[kCacheTile];
+    bool full = nb == kCacheTile;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t e = index[b0 + b];
+      starts[b] = e >= 0 && e < N ? rows + e * r : nullptr;
+      full = full && starts[b] != nullptr;
+    }
+    int64_t i0 = 0;
+    if (full) {
+      float* nm_rows[kCacheTile];
+      for (; i0 + kCacheTile <= r; i0 += kCacheTile) {
+        for (int64_t i = 0; i < kCacheTile; ++i) nm_rows[i] = nm + (i0 + i) * B;
+        if (kToNeuronMajor) {
+          MoveTile(starts, i0, nm_rows, b0);
+        } else {
+          MoveTile(nm_rows, b0, starts, i0);
+        }
+      }
+    }
+    for (; i0 < r; ++i0) {  // what no full tile covered: one neuron at a time
+      for (int64_t b = 0; b < nb; ++b) {
+        float* row = starts[b];
+        if (kToNeuronMajor) {
+          nm[i0 * B + b0 + b] = row != nullptr ? row[i0] : 0.0f;
+        } else if (row != nullptr) {
+          row[i0] = nm[i0 * B + b0 + b];
+        }
+      }
+    }
+  }
+}
+
+ffi::Error CacheRowsImpl(ffi::Buffer<ffi::F32> rows, ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> out) {
+  const auto dims = rows.dimensions();
+  const size_t rank = dims.size();
+  if (rank < 2 || index.dimensions().size() != rank - 1) {
+    return ffi::Error::InvalidArgument("sdm_cache_rows: rows [..., N, r] and index [..., B]");
+  }
+  const int64_t N = dims[rank - 2], r = dims[rank - 1], B = index.dimensions()[rank - 2];
+  const int64_t problems = N * r == 0 ? 0 : static_cast<int64_t>(rows.element_count()) / (N * r);
+  if (static_cast<int64_t>(index.element_count()) != problems * B ||
+      static_cast<int64_t>(out->element_count()) != problems * r * B) {
+    return ffi::Error::InvalidArgument("sdm_cache_rows: the leading dimensions differ");
+  }
+  for (int64_t p = 0; p < problems; ++p) {
+    const float* src = rows.typed_data() + p * N * r;
+    float* dst = out->typed_data() + p * r * B;
+    CacheMove<true>(const_cast<float*>(src), dst, index.typed_data() + p * B, N, r, B);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CacheWriteImpl(ffi::Buffer<ffi::F32> rows, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::S32> index,
+                          ffi::ResultBuffer<ffi::F32> out) {
+  const auto dims = rows.dimensions();
+  const size_t rank = dims.size();
+  if (rank < 2 || a.dimensions().size() != rank || index.dimensions().size() != rank - 1) {
+    return ffi::Error::InvalidArgument("sdm_cache_write: rows [..., N, r], a [..., r, B] and index [..., B]");
+  }
+  const int64_t N = dims[rank - 2], r = dims[rank - 1], B = index.dimensions()[rank - 2];
+  const int64_t problems = N * r == 0 ? 0 : static_cast<int64_t>(rows.element_count()) / (N * r);
+  if (a.dimensions()[rank - 2] != r || a.dimensions()[rank - 1] != B ||
+      static_cast<int64_t>(a.element_count()) != problems * r * B ||
+      static_cast<int64_t>(index.element_count()) != problems * B) {
+    return ffi::Error::InvalidArgument("sdm_cache_write: a is not [..., r, B] for rows [..., N, r] and index [..., B]");
+  }
+  for (int64_t p = 0; p < problems; ++p) {
+    const float* src = a.typed_data() + p * r * B;
+    float* dst = out->typed_data() + p * N * r;
+    if (dst != rows.typed_data() + p * N * r) {  // not aliased (XLA could not donate): start from a copy
+      std::copy(rows.typed_data() + p * N * r, rows.typed_data() + (p + 1) * N * r, dst);
+    }
+    CacheMove<false>(dst, const_cast<float*>(src), index.typed_data() + p * B, N, r, B);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmCacheRows(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmCacheRows, CacheRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // rows [..., N, r]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // index [..., B]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // [..., r, B]
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* SdmCacheWrite(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmCacheWrite, CacheWriteImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // rows [..., N, r]
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // a [..., r, B]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // index [..., B]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // rows, updated
