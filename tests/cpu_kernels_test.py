@@ -456,7 +456,10 @@ def test_cache_rows_and_cache_write_equal_the_gather_and_scatter(examples, neuro
   rng = np.random.default_rng(neurons)
   rows = jnp.asarray(rng.normal(size=(examples, neurons)).astype(np.float32))
   a = jnp.asarray(rng.normal(size=(neurons, batch)).astype(np.float32))
-  for index in (rng.permutation(examples)[:batch], np.append(rng.permutation(examples)[: batch - 2], [examples, 10**6])):
+  for index in (
+    rng.permutation(examples)[:batch],
+    np.append(rng.permutation(examples)[: batch - 2], [examples, 10**6]),
+  ):
     index = jnp.asarray(index, jnp.int32)
     want_rows = np.asarray(rows.at[index].get(mode="fill", fill_value=0.0).T)
     np.testing.assert_array_equal(np.asarray(cpu_kernels.cache_rows(rows, index)), want_rows)

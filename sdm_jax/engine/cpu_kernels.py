@@ -317,9 +317,13 @@ def cache_write(rows, a, index):
   is donated (the same bits)."""
   _check_available()
   if rows.ndim < 2 or a.shape != rows.shape[:-2] + (rows.shape[-1], index.shape[-1]):
-    raise ValueError(f"expected rows [..., N, r], a [..., r, B], index [..., B]; got {rows.shape}, {a.shape}, {index.shape}")
+    raise ValueError(
+      f"expected rows [..., N, r], a [..., r, B], index [..., B]; got {rows.shape}, {a.shape}, {index.shape}"
+    )
   call = jax.ffi.ffi_call(
-    "sdm_jax_cache_write", jax.ShapeDtypeStruct(rows.shape, jnp.float32), input_output_aliases={0: 0},
+    "sdm_jax_cache_write",
+    jax.ShapeDtypeStruct(rows.shape, jnp.float32),
+    input_output_aliases={0: 0},
     vmap_method="broadcast_all",
   )
   return call(rows.astype(jnp.float32), a.astype(jnp.float32), index.astype(jnp.int32))
