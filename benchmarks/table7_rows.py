@@ -28,10 +28,12 @@ importances) and the sparse step's layout changes. The time of one epoch is the 
 --block_epochs. The floor is `benchmarks.epoch_time`'s: 4 N n r / R with R the best rate of the
 training-shaped matmul (128 x 784) @ (784 x r) measured before each timed block.
 
-`--main_job_state` adds a row for the main job's own trained layer (a `final_state.npz` of
+`--main_job_state` adds two rows on the main job's own trained layer (a `final_state.npz` of
 `experiments/configs/split_mnist.py:sdmlp,quick`, seed 0): its addresses and GABA counters, i.e. the
 lambdas a run really has after the switch (most neurons still short of +1, so examples fire
-beyond the top k).
+beyond the top k), trained as SDMLP and as SDMLP+EWC. The SDMLP+EWC row consolidates that layer
+on the data first, so the rows its penalty moves at every step are those a trained layer fires
+on one task (a fresh layer, consolidated, fires most of its neurons on it at 1K).
 """
 
 from __future__ import annotations
@@ -167,8 +169,11 @@ def main(argv):
       cases += [(f"{row} (no forward cache)", lambda row=row: row_config(row, width), None, 0) for row in _ROWS.value]
     if _MAIN_JOB_STATE.value and width == 1000:
       # The main job's own size (quick: T scaled to 500K firings), so its counters mean what they did.
-      main_job = lambda: row_config("sdmlp,quick", width)  # noqa: E731
-      cases.append(("sdmlp (main job's trained layer)", main_job, _MAIN_JOB_STATE.value, None))
+      # SDMLP+EWC consolidates that layer on the data first: the rows its penalty moves every step are
+      # then the neurons a trained layer fires on one task, not the many a fresh layer's do.
+      for row in ("sdmlp", "sdmlp_ewc"):
+        main_job = lambda row=row: row_config(f"{row},quick", width)  # noqa: E731
+        cases.append((f"{row} (main job's trained layer)", main_job, _MAIN_JOB_STATE.value, None))
     results = []
     for name, config, state_file, cache_mib in cases:
       run_block, step = row_runner(config(), state_file, cache_mib=cache_mib)
