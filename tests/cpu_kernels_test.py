@@ -395,6 +395,18 @@ def test_dense_update_matches_numpy(clip_factor):
 
 
 @needs_kernel
+@pytest.mark.parametrize("n", [37, 19])  # 37 x 203 and 19 x 203 floats: sums whose tail is shorter than a vector
+def test_dense_update_clips_by_the_exact_norm_of_any_size(n):
+  """The gradient norm's sum (lanes of fused multiply-adds, a tail into the first lane) is the float64
+  norm to float rounding, whatever the size: the step clips by it."""
+  addresses, gradient, values_sq = _dense_problem(1, n=n)
+  _, want_step, norm = _numpy_dense_update(addresses, gradient, values_sq, 0.7, 0.5)
+  assert norm > 0.5  # the clip is active: the step depends on the norm
+  _, step = cpu_kernels.dense_update(addresses, gradient, values_sq, learning_rate=0.7, clip_norm=0.5)
+  np.testing.assert_allclose(float(step), want_step, rtol=1e-6)
+
+
+@needs_kernel
 def test_dense_update_under_vmap_and_in_place():
   """Two members under `jax.vmap` (one clipped, one not) equal their own calls; inside a scan the
   addresses are aliased to the result (no copy of the [n, r] buffer)."""

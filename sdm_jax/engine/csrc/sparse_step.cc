@@ -792,18 +792,43 @@ void InParts(int64_t count, int threads, const Body& body) {
   for (auto& worker : workers) worker.join();
 }
 
-// sum of G^2 over `count` contiguous floats: vectorised float partial sums per chunk (in parallel),
-// the chunks added in order in double.
+// The lanes of ChunkSquares: the vector width g++ gave the `omp simd` reduction it replaces, so that
+// the sum is the same, bit for bit, on the CPUs we build on (16 floats with AVX-512 on AMD Zen 4,
+// 8 with AVX2; tested against the old loop on both).
+#if defined(__AVX512F__)
+constexpr int64_t kSquaresLanes = 16;
+#else
+constexpr int64_t kSquaresLanes = 8;
+#endif
+
+// sum of g^2 over `length` contiguous floats in float: lane k accumulates g[j]^2 (fused multiply-add)
+// over j = k mod kSquaresLanes in order, the last length mod kSquaresLanes floats go to lane 0, and
+// the lanes are added in order. That is the order g++ 12's `omp simd reduction` had, written out: inside
+// the threads' lambda it captured `g` by reference, so it gathered every float and kept the lanes
+// on the stack (0.32 ms for the 1K layer's 3 MB, against 0.05 ms now).
+float ChunkSquares(const float* __restrict g, int64_t length) {
+  float lanes[kSquaresLanes] = {};
+  const int64_t body = length - length % kSquaresLanes;
+  for (int64_t j = 0; j < body; j += kSquaresLanes) {
+#pragma omp simd
+    for (int64_t k = 0; k < kSquaresLanes; ++k) lanes[k] = std::fma(g[j + k], g[j + k], lanes[k]);
+  }
+  for (int64_t j = body; j < length; ++j) lanes[0] = std::fma(g[j], g[j], lanes[0]);
+  float sq = 0.0f;
+  for (int64_t k = 0; k < kSquaresLanes; ++k) sq += lanes[k];
+  return sq;
+}
+
+// sum of G^2 over `count` contiguous floats: a float partial sum per chunk (ChunkSquares; the
+// chunks in parallel), the chunks added in order in double.
 double SumOfSquares(const float* __restrict g, int64_t count) {
   const int64_t chunks = (count + kSquaresChunk - 1) / kSquaresChunk;
   std::vector<float> partial(chunks);
-  InParts(chunks, DenseThreads(chunks, 512), [&](int64_t first, int64_t last) {
+  float* const out = partial.data();
+  InParts(chunks, DenseThreads(chunks, 512), [g, out, count](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
-      const int64_t start = c * kSquaresChunk, end = std::min(count, start + kSquaresChunk);
-      float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-      for (int64_t j = start; j < end; ++j) sq += g[j] * g[j];
-      partial[c] = sq;
+      const int64_t start = c * kSquaresChunk;
+      out[c] = ChunkSquares(g + start, std::min(count, start + kSquaresChunk) - start);
     }
   });
   double total = 0.0;
