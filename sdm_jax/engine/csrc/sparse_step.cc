@@ -793,12 +793,15 @@ void InParts(int64_t count, int threads, const Body& body) {
 }
 
 // The lanes of ChunkSquares: the vector width g++ gave the `omp simd` reduction it replaces, so that
-// the sum is the same, bit for bit, on the CPUs we build on (16 floats with AVX-512 on AMD Zen 4,
-// 8 with AVX2; tested against the old loop on both).
+// the sum is the same, bit for bit, as before: 16 floats with AVX-512 on AMD Zen 4, 8 with AVX2
+// (both tested against the old loop), 4 for 128-bit vectors (SSE, NEON; not tested). Where g++ had
+// chosen another width (Intel AVX-512 tunings prefer 256-bit vectors) the sum moves by rounding.
 #if defined(__AVX512F__)
 constexpr int64_t kSquaresLanes = 16;
-#else
+#elif defined(__AVX__)
 constexpr int64_t kSquaresLanes = 8;
+#else
+constexpr int64_t kSquaresLanes = 4;
 #endif
 
 // sum of g^2 over `length` contiguous floats in float: lane k accumulates g[j]^2 (fused multiply-add)
