@@ -806,9 +806,9 @@ constexpr int64_t kSquaresLanes = 4;
 
 // sum of g^2 over `length` contiguous floats in float: lane k accumulates g[j]^2 (fused multiply-add)
 // over j = k mod kSquaresLanes in order, the last length mod kSquaresLanes floats go to lane 0, and
-// the lanes are added in order. That is the order g++ 12's `omp simd reduction` had, written out: inside
-// the threads' lambda it captured `g` by reference, so it gathered every float and kept the lanes
-// on the stack (0.32 ms for the 1K layer's 3 MB, against 0.05 ms now).
+// the lanes are added in order. That is the order g++ 12's `omp simd reduction` had, written out in a
+// function of its own: inside the threads' lambda, which captured `g` by reference, g++ gathered
+// every float and kept the lanes on the stack, several times slower than a stream (benchmarks/README.md).
 float ChunkSquares(const float* __restrict g, int64_t length) {
   float lanes[kSquaresLanes] = {};
   const int64_t body = length - length % kSquaresLanes;
