@@ -12,7 +12,10 @@ and `report.md` into --out (default: WORKDIR/analysis of the first workdir):
   the histogram of per-neuron activation counts (log10, as the reference
   notebook), per-neuron class entropy against time in the Top-K (paper
   App. Fig. "InvestigateEntropies", Table 10), and with several workdirs the
-  full-test accuracy of every run against epochs.
+  full-test accuracy of every run against epochs;
+* per run, where the lost accuracy went: the model's own head on the test set
+  against a linear probe of its final hidden activations fit on the analysis
+  examples of every class at once (`analysis.readout_probe`).
 
 Neuron figures use `final_state.npz` and at most --max_examples training
 examples of every task (balanced over classes), as the authors' entropy cell
@@ -298,11 +301,29 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     )
     stats.append(s)
     entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
+  test_x, test_y = dataset["test_images"], np.asarray(dataset["test_labels"]).astype(np.int64)
+  probes = []
+  for i in range(len(seeds)):
+    logging.info(f"  readout probe of seed {int(seeds[i])}: fit on {len(y)} examples, scored on {len(test_y)}")
+    probes.append(
+      analysis.readout_probe(
+        analysis.seed_params(params, i),
+        x,
+        y,
+        test_x,
+        test_y,
+        spec=spec,
+        num_classes=num_classes,
+        gaba_counts=gaba_counts[i],
+        epoch=final_epoch,
+      )
+    )
   out = dict(
     spec=spec,
     seeds=[int(s) for s in seeds],
     stats=stats,
     entropies=entropies,
+    probes=probes,
     num_examples=len(y),
     entropy_summary=analysis.summarize_entropy(entropies),
     alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
@@ -542,6 +563,35 @@ def _neuron_table(runs: list[dict]) -> list[str]:
   return lines
 
 
+PROBE_NOTE = (
+  "Where the accuracy went: the model's own output layer on the whole test set (the run's final "
+  "accuracy), against a linear probe of the same hidden activations (multinomial logistic regression, "
+  "`analysis.linear_probe`) fit on the analysis examples of every class at once, which no "
+  "class-incremental learner can do. The probe estimates what a linear readout of these features "
+  "can give (it is fit on a subset, with a small L2 penalty: more examples may give a little more): "
+  "head to probe is accuracy the readout lost (or never had), probe to an oracle's accuracy is "
+  "what the features lack (Davari et al., CVPR 2022, probe representations the same way)."
+)
+
+
+def _probe_table(runs: list[dict]) -> list[str]:
+  lines = [
+    "| run | own head, test set | linear probe, test set | probe on its training examples | probe − head |",
+    "|---|---|---|---|---|",
+  ]
+  for run in runs:
+    nr = run.get("neurons")
+    if nr is None:
+      continue
+    n = len(nr["seeds"])
+    head, probe, train, gap = (
+      analysis.mean_sem([f(p) for p in nr["probes"]])
+      for f in (lambda p: p.head, lambda p: p.probe, lambda p: p.probe_train, lambda p: p.probe - p.head)
+    )
+    lines.append(f"| {run['name']} | {_pm(*head, n)} | **{_pm(*probe, n)}** | {_pm(*train, n)} | {_pm(*gap, n)} |")
+  return lines
+
+
 def write_report(
   runs: list[dict],
   figures: list[tuple[str, str]],
@@ -581,6 +631,8 @@ def write_report(
       "",
     ]
   lines += [*_neuron_table(runs), ""]
+  if measured:
+    lines += ["## Features against the readout", "", PROBE_NOTE, "", *_probe_table(runs), ""]
   lines += [
     "Paper Table 10 for context (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM, 2,000 epochs "
     "per task — a different data set and schedule from these runs): weighted mean entropy "

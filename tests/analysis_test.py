@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import split_mnist
+from sdm_jax import data as datasets
 from sdm_jax.engine import analysis, continual, metrics, models
 from sdm_jax.runs import final_state
 from experiments import schema
@@ -171,6 +172,40 @@ def test_neuron_statistics_match_one_forward_pass(kind):
   assert stats.active_per_example == pytest.approx((hidden != 0).sum() / 50)
 
 
+def test_linear_probe_matches_scikit_learn():
+  """The same objective as scikit-learn's multinomial LogisticRegression (lbfgs, C = 1 / (l2 N), the
+  bias unpenalised) on the same rescaled features: the same predictions on held-out examples."""
+  sklearn_linear = pytest.importorskip("sklearn.linear_model")
+  rng = np.random.default_rng(0)
+  labels = rng.integers(0, 4, 600)
+  features = np.maximum(rng.normal(size=(4, 30))[labels] + 1.5 * rng.normal(size=(600, 30)), 0).astype(np.float32)
+  features *= 0.05  # activation-sized: the probe rescales them
+  (x, y), (xt, yt) = (features[:400], labels[:400]), (features[400:], labels[400:])
+  fit = analysis.linear_probe(x, y, xt, yt, num_classes=4, l2=1e-3, steps=200)
+  scale = 1 / np.abs(x[x != 0]).mean()
+  reference = sklearn_linear.LogisticRegression(C=1 / (1e-3 * len(x)), max_iter=5000, tol=1e-10).fit(x * scale, y)
+  np.testing.assert_array_equal(fit.test_predictions, reference.predict(xt * scale))
+  assert fit.train_accuracy == pytest.approx(reference.score(x * scale, y))
+  assert fit.test_accuracy == pytest.approx(reference.score(xt * scale, yt))
+  assert 0.8 < fit.test_accuracy < 1.0  # a problem where the fit matters, not a separable one
+
+
+@pytest.mark.slow
+def test_readout_probe_scores_the_models_own_head_and_its_features():
+  """`head` is the accuracy of the model's own logits (the GABA counters applied); `probe` reads
+  the same activations with a readout fit on every class, so it beats a random head."""
+  spec = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3)
+  params = models.init_params(jax.random.key(0), spec)
+  mnist = datasets.load_dataset("mnist")
+  x, y = np.asarray(mnist["train_images"][:2000]), np.asarray(mnist["train_labels"][:2000]).astype(int)
+  xt, yt = np.asarray(mnist["test_images"][:1000]), np.asarray(mnist["test_labels"][:1000]).astype(int)
+  counts = np.random.default_rng(0).uniform(0, 1e7, 40).astype(np.float32)  # half the neurons past the GABA switch
+  result = analysis.readout_probe(params, x, y, xt, yt, spec=spec, num_classes=10, gaba_counts=counts, steps=100)
+  logits, _ = models.forward(params, xt.reshape(len(xt), -1).astype(np.float32) / 255, spec=spec, gaba_counts=counts)
+  assert result.head == pytest.approx(np.mean(np.argmax(np.asarray(logits), 1) == yt))
+  assert result.head < 0.3 < result.probe <= result.probe_train + 0.05
+
+
 @pytest.mark.slow  # numba compiles UMAP's kernels once (~10 s)
 def test_umap_puts_each_neuron_beside_the_data_it_addresses():
   """Two clusters of data and a neuron at each cluster's centre (plus rarely active neurons, dropped):
@@ -269,6 +304,8 @@ def _fake_workdir(path, variant="sdmlp", seeds=(0, 1), neurons=50, with_state=Tr
 @pytest.mark.slow
 def test_analyze_cli_end_to_end(tmp_path):
   pytest.importorskip("matplotlib")
+  from experiments import analyze
+
   sdm = _fake_workdir(tmp_path / "sdm", "sdmlp")
   relu = _fake_workdir(tmp_path / "relu", "relu", seeds=(3,), with_state=False)
   out = tmp_path / "out"
@@ -309,6 +346,10 @@ def test_analyze_cli_end_to_end(tmp_path):
   assert "no final_state.npz" in report and "--no_umap" in report
   assert "0.99" in report and "2.25" in report  # the paper's Table 10 values beside ours
   assert "300 training examples" in report and "- runs made by the test" in report
+  probe_table = report.split("## Features against the readout")[1].split("\n## ")[0]
+  assert analyze.PROBE_NOTE in probe_table
+  rows = [line for line in probe_table.splitlines() if line.startswith("| ") and not line.startswith("| run |")]
+  assert [row.split(" | ")[0] for row in rows] == ["| sdm"]  # the ReLU run has no final_state.npz
 
 
 @pytest.mark.slow

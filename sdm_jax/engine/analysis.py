@@ -21,6 +21,11 @@ Synopsis::
     print(ent.weighted_mean, ent.mean, ent.median)     # paper Table 10 (CIFAR10: SDM 0.99, ReLU 2.25)
     print(analysis.alive_fraction(stats.counts), metrics.dead_fraction(stats.activity_sum))
     curves = analysis.curves_over_seeds(metric_writers.read_rows(f"{run}/metrics.csv"))
+    probe = analysis.readout_probe(analysis.seed_params(params, 0), ds["train_images"][keep],
+                                   ds["train_labels"][keep].astype(int), ds["test_images"],
+                                   ds["test_labels"].astype(int), spec=spec, num_classes=10,
+                                   gaba_counts=gaba_counts[0])
+    print(probe.head, probe.probe)   # the run's own head against a linear probe of its features
 
 Everything here computes; nothing plots (experiments/analyze.py draws the
 figures). The definitions follow the authors' analysis code
@@ -38,6 +43,9 @@ and #dead-neurons):
   once (paper App. H, Table 10);
 * dead: summed activation over a set of inputs < 1e-4 (`active_threshold`);
   alive: count >= 1;
+* readout probe (ours, not the authors'): the model's own head against a
+  multinomial logistic regression on its final hidden activations, fit on
+  every class at once, on the same test set;
 * UMAP: default `umap.UMAP()`; (a) fit on neuron addresses, transform data and
   addresses, (b) fit on data, transform addresses; neurons with <= 10
   activations removed; data L2-normalised for SDM models.
@@ -348,20 +356,19 @@ class NeuronStats(NamedTuple):
 
 
 @functools.lru_cache(maxsize=8)
-def _hidden_fn(spec):
+def _forward_fn(spec):
   import jax
 
   from sdm_jax.engine import models, train
 
   def fn(params, x_uint8, gaba_counts, k):
-    _, hidden = models.forward(params, train.to_float_input(x_uint8), spec=spec, k=k, gaba_counts=gaba_counts)
-    return hidden
+    return models.forward(params, train.to_float_input(x_uint8), spec=spec, k=k, gaba_counts=gaba_counts)
 
   return jax.jit(fn)
 
 
-def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None, batch_size: int = 2048):
-  """Yields the post-Top-K activations a* [B, r] of `x` (uint8 or float inputs [N, ...]) batch by batch.
+def forward_passes(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None, batch_size: int = 2048):
+  """Yields (logits [B, C], post-Top-K activations a* [B, r]) of `x` (uint8 or float inputs [N, ...]) batch by batch.
 
   Evaluation mode, as `train.make_evaluate`: no dropout, the final GABA
   counters, and k = `models.current_k(spec, epoch)` (only the "linear"
@@ -371,7 +378,7 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
 
   from sdm_jax.engine import models
 
-  fn = _hidden_fn(spec)
+  fn = _forward_fn(spec)
   counts = jnp.zeros((spec.neurons,), jnp.float32) if gaba_counts is None else jnp.asarray(gaba_counts)
   # Only the linear schedule's k moves (traced, Eq. 4); a fixed k comes from the spec (the layer
   # refuses a traced k there rather than ignore it).
@@ -383,7 +390,14 @@ def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int
   params = {name: {n: jnp.asarray(v) for n, v in layer.items()} for name, layer in params.items()}
   x = np.asarray(x).reshape(len(x), -1)
   for start in range(0, len(x), batch_size):
-    yield np.asarray(fn(params, jnp.asarray(x[start : start + batch_size]), counts, k))
+    logits, hidden = fn(params, jnp.asarray(x[start : start + batch_size]), counts, k)
+    yield np.asarray(logits), np.asarray(hidden)
+
+
+def hidden_activations(params: Mapping, x, *, spec, gaba_counts=None, epoch: int | None = None, batch_size: int = 2048):
+  """Yields the post-Top-K activations a* [B, r] of `x` batch by batch (`forward_passes`' second half)."""
+  for _, hidden in forward_passes(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch, batch_size=batch_size):
+    yield hidden
 
 
 def neuron_statistics(
@@ -424,6 +438,113 @@ def neuron_statistics(
     best_label = np.where(better, y[idx], best_label)
   n = len(labels)
   return NeuronStats(counts, counts_entropy, activity, best, best_label, active / max(n, 1), n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Features against the readout.
+
+
+class ReadoutProbe(NamedTuple):
+  """A model's own head against a linear probe of its hidden activations (`readout_probe`).
+
+  Attributes:
+    head: accuracy of the model's own output layer on the test examples (what the run reports).
+    probe: accuracy on the same test examples of a linear readout of the same activations, fit on
+      training examples of every class at once.
+    probe_train: the probe's accuracy on the examples it was fit on.
+  """
+
+  head: float
+  probe: float
+  probe_train: float
+
+
+class LinearProbe(NamedTuple):
+  """A linear readout fit on fixed features (`linear_probe`)."""
+
+  train_accuracy: float
+  test_accuracy: float
+  test_predictions: np.ndarray  #: [N_test] the predicted class of each test example
+
+
+def linear_probe(
+  train_features, train_labels, test_features, test_labels, *, num_classes: int, l2: float = 1e-4, steps: int = 300
+) -> LinearProbe:
+  """Multinomial logistic regression on fixed features, scored on the training and test sets.
+
+  Minimises the mean cross-entropy + l2/2 ||W||^2 (the bias unpenalised, as scikit-learn's lbfgs
+  solver with C = 1 / (l2 N)) by `steps` iterations of full-batch L-BFGS (`optax.lbfgs`, zoom line
+  search) from zeros: deterministic. The features are first divided by the mean of the training
+  set's non-zero |feature| (one scalar, so the fit is the same up to l2): post-Top-K activations
+  are ~0.01-0.1, far from the unit scale L-BFGS's first step assumes.
+  """
+  import jax.numpy as jnp
+
+  train_features = np.asarray(train_features, np.float32).reshape(len(train_features), -1)
+  test_features = np.asarray(test_features, np.float32).reshape(len(test_features), -1)
+  nonzero = np.abs(train_features[train_features != 0])
+  scale = np.float32(1.0 / nonzero.mean()) if nonzero.size else np.float32(1.0)
+  train_labels = np.asarray(train_labels).astype(np.int32)
+  weights = (jnp.zeros((train_features.shape[1], num_classes)), jnp.zeros((num_classes,)))
+  fitted = _probe_fitter(float(l2), int(steps))(weights, train_features * scale, train_labels)
+
+  def predict(features):
+    return np.argmax((features * scale) @ np.asarray(fitted[0]) + np.asarray(fitted[1]), axis=1)
+
+  train_accuracy = float(np.mean(predict(train_features) == train_labels))
+  test_predictions = predict(test_features)
+  return LinearProbe(train_accuracy, float(np.mean(test_predictions == np.asarray(test_labels))), test_predictions)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_fitter(l2: float, steps: int):
+  """The jitted L-BFGS fit of `linear_probe`: (weights, features, labels) -> weights."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  def fit(weights, features, labels):
+    def loss(w):
+      logits = features @ w[0] + w[1]
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean() + 0.5 * l2 * jnp.sum(w[0] ** 2)
+
+    solver = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    def step(carry, _):
+      w, state = carry
+      value, grad = value_and_grad(w, state=state)
+      updates, state = solver.update(grad, state, w, value=value, grad=grad, value_fn=loss)
+      return (optax.apply_updates(w, updates), state), None
+
+    (weights, _), _ = jax.lax.scan(step, (weights, solver.init(weights)), None, length=steps)
+    return weights
+
+  return jax.jit(fit)
+
+
+def readout_probe(
+  params: Mapping, train_x, train_y, test_x, test_y, *, spec, num_classes: int, gaba_counts=None, epoch=None, **probe
+) -> ReadoutProbe:
+  """Is a continual learner's lost accuracy in its features or in its readout?
+
+  The model's own head on (test_x, test_y), against `linear_probe` of the same hidden activations
+  fit on (train_x, train_y), all classes at once as no class-incremental learner can. So `probe`
+  estimates what a linear readout of these features can give: head -> probe is the accuracy the
+  readout lost (or never had), probe -> the oracle's the accuracy the features lack. The linear
+  probe of representations is the measure of Davari et al., "Probing Representation Forgetting in
+  Supervised and Unsupervised Continual Learning" (CVPR 2022). `probe` is passed to `linear_probe`.
+  """
+  train_hidden = np.concatenate(
+    list(hidden_activations(params, train_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
+  )
+  logits, test_hidden = (
+    np.concatenate(part)
+    for part in zip(*forward_passes(params, test_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
+  )
+  head = float(np.mean(np.argmax(logits, axis=1) == np.asarray(test_y)))
+  fit = linear_probe(train_hidden, train_y, test_hidden, test_y, num_classes=num_classes, **probe)
+  return ReadoutProbe(head=head, probe=fit.test_accuracy, probe_train=fit.train_accuracy)
 
 
 # ----------------------------------------------------------------------------------------------------------
