@@ -534,6 +534,8 @@ def readout_probe(
   readout lost (or never had), probe -> the oracle's the accuracy the features lack. The linear
   probe of representations is the measure of Davari et al., "Probing Representation Forgetting in
   Supervised and Unsupervised Continual Learning" (CVPR 2022). `probe` is passed to `linear_probe`.
+  Memory: both sets' activations are held at once, (N_train + N_test) r 4 bytes (0.8 GB for
+  10,000 examples each at r = 10,000); pass fewer training examples for a wider layer.
   """
   train_hidden = np.concatenate(
     list(hidden_activations(params, train_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
