@@ -382,3 +382,16 @@ def test_analyze_draws_the_umap_figure(tmp_path):
   sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,), neurons=40)
   report = analyze.analyze([str(sdm)], tmp_path / "out", max_examples=100, do_umap=True).read_text()
   assert (tmp_path / "out" / "sdm_umap.png").is_file() and "](sdm_umap.png)" in report  # (k=10 of 40 fire per example)
+
+
+def test_the_comparison_figure_names_the_data_set_and_its_one_task_level():
+  """It said "Split MNIST" and drew its guide at 0.2 for any run; both now come from the runs' configs."""
+  from experiments import analyze
+
+  fashion = dict(config=dict(dataset="fashion_mnist", num_classes=10, classes_per_task=2))
+  mnist = dict(config=dict(dataset="mnist", num_classes=10, classes_per_task=2))
+  cifar100 = dict(config=dict(dataset="cifar100", num_classes=100, classes_per_task=10))
+  assert analyze._comparison_title([fashion]).startswith("Split FashionMNIST, class-incremental")
+  assert analyze._comparison_title([mnist, fashion, mnist]).startswith("Split MNIST / FashionMNIST,")
+  assert analyze._last_task_only_level(fashion) == 0.2
+  assert analyze._last_task_only_level(cifar100) == 0.1
