@@ -253,6 +253,56 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
   np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
 
 
+def test_default_slot_tiers_at_1k_neurons():
+  """After the switch B * k = 1,280 units fire in a batch of 128 at k = 10, against 10,240 slots."""
+  spec = models.sdmlp(784, 1000, 10, k=10)
+  num_slots = sparse.SparseSGD(0.05).num_slots(spec, 128)
+  assert sparse._slot_tiers(spec, num_slots, 128) == [1280, 2560, 5120, num_slots][: 4 if num_slots > 5120 else 3]
+
+
+@pytest.mark.parametrize("regularizer", [None, "ewc", "si"])
+@pytest.mark.parametrize("switched", ["fully", "partly"])
+def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch):
+  """Fast tier: the slot terms on the smallest tier that holds the active units give the same bits
+  as on every slot (`sparse._sparse_update`), after the switch (about k units per example: a low
+  tier) and partly switched (more), plain and penalised."""
+  if not cpu_kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  x, y, sizes = _mnist_task(per_task=300)
+  spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
+  tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
+  reg = {
+    None: None,
+    "ewc": regularizers.RegularizerSpec("ewc", 2000.0, beta=0.05),
+    "si": regularizers.RegularizerSpec("si", 20.0, beta=0.1),
+  }[regularizer]
+  sgd = sparse.SparseSGD(0.2, 1.0, max_active=12 * spec.hidden.k, kernel="ffi")
+  block = train.make_train_block(
+    spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, sparse_sgd=sgd, regularizer=reg
+  )
+  states = _partly_switched_states(spec, tx, [0], regularizer=reg)
+  if switched == "fully":
+    states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, 2 * spec.hidden.switch_activations))
+  if reg is not None:
+    end_task = train.make_end_task(spec=spec, regularizer=reg, seed_axis_data=False)
+    states = end_task(states, x, y, sizes, jnp.int32(0))
+
+  tiers = sparse._slot_tiers(spec, sgd.num_slots(spec, 32), 32)
+
+  def run(tiers):
+    monkeypatch.setattr(sparse, "_slot_tiers", tiers)
+    jax.clear_caches()
+    fresh = jax.tree.map(jnp.copy, states)  # the block donates its states
+    return jax.device_get(block(fresh, x, y, sizes, jnp.int32(1 if reg is not None else 0)))
+
+  tiered = run(sparse._slot_tiers)
+  every_slot = run(lambda spec, num_slots, batch: [num_slots])
+  np.testing.assert_array_equal(np.asarray(tiered[1].sparse_fraction), 1.0)
+  chex.assert_trees_all_equal(tiered, every_slot)
+  per_batch = 32 * float(tiered[1].active_per_example.max())  # the first tier, or one between
+  assert per_batch <= tiers[0] if switched == "fully" else tiers[0] < per_batch <= tiers[-2]
+
+
 # The strengths make the penalty's gradient comparable to the data's on the rows it holds.
 PENALTIES = [
   regularizers.RegularizerSpec("ewc", 2000.0, beta=0.05),

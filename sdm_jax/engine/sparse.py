@@ -23,7 +23,10 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
    CPU by default one C++ kernel (`cpu_kernels.active_units`) does the selection, the
    threshold, the GABA lambdas and both cases of the switch; elsewhere XLA (`_active_units`);
    logits from the slots;
-2. backward by hand: d logits, then d a* per slot, d X_v as a scatter of the slots' rows;
+2. backward by hand: d logits, then d a* per slot, d X_v as a scatter of the slots' rows. The
+   kernel packs the active units into the first slots, so this slot-sized work (and the GABA
+   counters' and the activity's scatters) runs on the smallest of a few tiers that holds them
+   (`SLOT_TIERS`, multiples of B * k: after the switch the first), not on all the slots;
 3. d X_a, clipping and the update (`SparseSGD.kernel`):
    - on CPU (default when it builds): one XLA FFI custom call in C++ (`cpu_kernels.sparse_update`,
      `csrc/sparse_step.cc`) that groups the slots by neuron, sums each touched neuron's gradient
@@ -68,6 +71,7 @@ over seeds) only; its speed is in benchmarks/README.md.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -94,8 +98,9 @@ class SparseSGD(NamedTuple):
   example. The mean rises near the end of the switch and for the first epochs of a new task
   (neurons short of lambda = +1 fire on the new data). A batch with more active units in all is
   flagged, and `train.run_block` redoes its block with the dense step, so the result is always
-  exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters, and the FFI
-  path's logits and output layer, in proportion to the slots (benchmarks/README.md). So with the
+  exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters in proportion
+  to the slots, and the FFI path's logits and output layer to the slot tier that holds the
+  active units (`SLOT_TIERS`; benchmarks/README.md). So with the
   CPU kernels the default is at least r // 32 (312 at 10K neurons; 80 at 1K): a wide layer then
   takes the sparse step over the GABA switch's last ~100 epochs of task 1, where 60-250 units per
   example still fire, and at the start of later tasks, where 80 slots overflowed.
@@ -284,10 +289,12 @@ def train_step_with_penalty(
   )
   if sgd.address_kernel() == "ffi":
     slots, total = cpu_kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
+    total_if_packed = total  # the kernel packs the active units into the first slots
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
+    total_if_packed = None  # after the switch its silent slots sit among the active ones
   state, stats, touched_fit, penalty = _sparse_update(
-    state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty
+    state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty, total=total_if_packed
   )
   fits = ((total <= num_slots) & touched_fit).astype(jnp.int32)
   return state, penalty, stats + (fits,), slots[1]
@@ -328,12 +335,29 @@ def _active_units(a, lam, *, spec, num_slots):
   return jax.lax.cond(jnp.all(lam >= 1.0), after_switch, during_switch)
 
 
-def _slot_gradients(d_logits, slots, gathered_values, values_kernel):
-  """d a* per slot [S] (zero where a* = 0) and d X_v [r, classes] from d logits [B, classes]."""
+def _slot_gradients(d_logits, slots, gathered_values, values_kernel, num_slots):
+  """d a* per slot [num_slots] (zero where a* = 0 and past the given slots) and d X_v [r, classes]
+  from d logits [B, classes]."""
   example, neuron, value = slots
   slot_d_logits = d_logits.at[example].get(mode="fill", fill_value=0.0)  # [S, classes]
-  d = jnp.where(value > 0, jnp.sum(slot_d_logits * gathered_values, axis=-1), 0.0)
+  rows = _class_sum_rows(value.shape[0], num_slots, d_logits.shape[-1])
+  pad = ((0, rows - value.shape[0]), (0, 0))
+  class_sum = jnp.sum(jnp.pad(slot_d_logits, pad) * jnp.pad(gathered_values, pad), axis=-1)
+  d = jnp.pad(jnp.where(jnp.pad(value, pad[0]) > 0, class_sum, 0.0), (0, num_slots - rows))
   return d, jnp.zeros_like(values_kernel).at[neuron].add(value[:, None] * slot_d_logits)
+
+
+#: XLA:CPU (JAX 0.10.2 to 0.12) reduces the rows of a [rows, classes] product with a YNNPACK
+#: fusion from about 4,000 to 5,100 elements up and with its own loop below, and the two sum a
+#: row in different orders (0.10.0 has no YNNPACK fusion). A tier's class sum is padded to at
+#: least this many elements, so that it takes the same path, and so gives the same bits, as the
+#: sum over all the slots; padding all the way to the slots instead costs 50 us a step at 1K.
+CLASS_SUM_MIN_ELEMENTS = 8192
+
+
+def _class_sum_rows(tier: int, num_slots: int, classes: int) -> int:
+  """Rows of the class sum for a tier of `tier` slots (`CLASS_SUM_MIN_ELEMENTS`)."""
+  return max(tier, min(num_slots, -(-CLASS_SUM_MIN_ELEMENTS // classes)))
 
 
 def _path_integral_d_logits(logits, y, valid, d_logits, regularizer):
@@ -345,16 +369,37 @@ def _path_integral_d_logits(logits, y, valid, d_logits, regularizer):
   return regularizer.beta * (jax.nn.softmax(regularizer.beta * logits) - one_hot) * valid[:, None].astype(jnp.float32)
 
 
-def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, penalty=None):
-  """The SGD step from the active units' slots (example, neuron, a*), each [S].
+#: The slot-sized work of a step after the selection runs on the first C slots, C the smallest of
+#: these multiples of B * k that holds the batch's active units (`_slot_tiers`): after the switch
+#: about B * k fire, against B * `SparseSGD.capacity` slots (8x more at 1K neurons, 31x at 10K).
+SLOT_TIERS = (1, 2, 4, 8, 16)
 
-  Returns the new state, (loss sum, correct, activity sum [r], active count),
-  whether the batch's distinct neurons fitted the compact path's capacity, and the penalty with
-  the row statistics at the new addresses.
-  """
+
+class SlotTerms(NamedTuple):
+  """What a step takes from its slots (`_slot_terms`): every field's shape is the slots' count
+  independent, except `d` and `si_d`, which are [S] (zero past the active units)."""
+
+  loss_sum: jax.Array  # the batch-mean cross-entropy (before a penalty)
+  correct: jax.Array
+  d: jax.Array  # d a* per slot
+  d_values: jax.Array  # d X_v [r, classes] of the data loss (+ SI's, reference variant; + a penalty's)
+  si_d: jax.Array | None  # SI's path-integral d a* per slot
+  si_d_values: jax.Array | None
+  gaba_counts: jax.Array
+  activity: jax.Array  # summed a* per neuron [r]
+  active: jax.Array  # the number of active units
+
+
+def _slot_terms(values_kernel, gaba_counts, penalty, slots, y, valid, *, spec, regularizer, num_slots):
+  """Logits, the hand-written backward to d a* and d X_v, SI's terms, GABA counts and activity
+  from the slots (example, neuron, a*). Every slot is independent and the scatters add in slot
+  order, so slots past the active units (zero a*, out-of-range neuron) change no bit of any
+  result: `_sparse_update` passes only the tier that holds them. `d` and `si_d` come back padded
+  with zeros to `num_slots`, the address kernels' operand size. `d_values` includes a penalty's
+  gradient on X_v, added here beside the scatter: XLA:CPU may fold that sum into the scatter,
+  and the two must be rounded the same whether or not a tier's `lax.switch` separates them."""
   example, neuron, value = slots
-  batch = x.shape[0]
-  values_kernel = state.params["output"]["kernel"]  # [r, classes]
+  batch = y.shape[0]
   gathered_values = values_kernel.at[neuron].get(mode="fill", fill_value=0.0)  # [S, classes]
   logits = jax.ops.segment_sum(value[:, None] * gathered_values, example, batch, indices_are_sorted=True)
 
@@ -365,18 +410,74 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   d_logits = (jax.nn.softmax(logits) - jax.nn.one_hot(y, spec.num_classes)) * (valid.astype(jnp.float32) / n_valid)[
     :, None
   ]
-  d, d_values = _slot_gradients(d_logits, slots, gathered_values, values_kernel)
-  si = regularizer is not None and regularizer.method == "si"
-  if si:  # the path integral's gradient; the authors' variant also adds it to the step's
+  d, d_values = _slot_gradients(d_logits, slots, gathered_values, values_kernel, num_slots)
+  si_d = si_d_values = None
+  if regularizer is not None and regularizer.method == "si":  # the path integral's gradient
     si_d, si_d_values = _slot_gradients(
-      _path_integral_d_logits(logits, y, valid, d_logits, regularizer), slots, gathered_values, values_kernel
+      _path_integral_d_logits(logits, y, valid, d_logits, regularizer), slots, gathered_values, values_kernel, num_slots
     )
-    if regularizer.si_variant == "reference":
+    if regularizer.si_variant == "reference":  # the authors' variant also adds it to the step's
       d, d_values = d + si_d, d_values + si_d_values
+  if penalty is not None:
+    d_values = d_values + 2.0 * regularizer.strength * penalty.values_curvature * (
+      values_kernel - penalty.values_center
+    )
+  if spec.hidden.k_schedule == "gaba":
+    gaba_counts = sdm_layer.count_fired_at(gaba_counts, neuron, value)
+  return SlotTerms(
+    loss_sum=loss,
+    correct=jnp.sum((jnp.argmax(logits, -1) == y) & valid),
+    d=d,
+    d_values=d_values,
+    si_d=si_d,
+    si_d_values=si_d_values,
+    gaba_counts=gaba_counts,
+    activity=jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value),
+    active=jnp.sum(value > 0).astype(jnp.float32),
+  )
+
+
+def _slot_tiers(spec, num_slots: int, batch: int) -> list[int]:
+  """The slot counts `_sparse_update` may run the slot terms on (`SLOT_TIERS`), the last all of them."""
+  return sorted({min(t * batch * spec.hidden.k, num_slots) for t in SLOT_TIERS} | {num_slots})
+
+
+def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, penalty=None, total=None):
+  """The SGD step from the active units' slots (example, neuron, a*), each [S].
+
+  `total`: the number of active units when they are the first slots (`cpu_kernels.active_units`
+  packs them so); the slot terms then run on the smallest tier that holds them (`_slot_tiers`,
+  one `lax.switch`: only the taken branch runs), with the same bits as on all S slots.
+  Returns the new state, (loss sum, correct, activity sum [r], active count),
+  whether the batch's distinct neurons fitted the compact path's capacity, and the penalty with
+  the row statistics at the new addresses.
+  """
+  example, neuron, _ = slots
+  num_slots = neuron.shape[0]
+  values_kernel = state.params["output"]["kernel"]  # [r, classes]
+  terms = functools.partial(
+    _slot_terms,
+    values_kernel,
+    state.gaba_counts,
+    penalty,
+    y=y,
+    valid=valid,
+    spec=spec,
+    regularizer=regularizer,
+    num_slots=num_slots,
+  )
+  tiers = _slot_tiers(spec, num_slots, x.shape[0]) if total is not None else [num_slots]
+
+  def on_first(count):
+    return lambda: terms(tuple(s[:count] for s in slots))
+
+  tier = jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), total), len(tiers) - 1) if len(tiers) > 1 else 0
+  t = jax.lax.switch(tier, [on_first(c) for c in tiers]) if len(tiers) > 1 else terms(slots)  # overflow: all
+  d_values, loss = t.d_values, t.loss_sum
+  si = regularizer is not None and regularizer.method == "si"
   penalty_sum = 0.0
   if penalty is not None:
-    values_diff = values_kernel - penalty.values_center
-    d_values = d_values + 2.0 * regularizer.strength * penalty.values_curvature * values_diff
+    values_diff = values_kernel - penalty.values_center  # its gradient is in d_values (`_slot_terms`)
     penalty_sum = jnp.sum(penalty.values_curvature * jnp.square(values_diff)) + penalty.offset
   values_sq = jnp.sum(jnp.square(d_values))
 
@@ -384,37 +485,28 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   addresses, step_size, address_penalty, touched_fit, w, row_stats = _update_addresses(
     state.params["hidden"]["kernel"],
     x,
-    (d, neuron, example),
+    (t.d, neuron, example),
     values_sq,
     spec=spec,
     sgd=sgd,
     strength=None if penalty is None else regularizer.strength,
     penalty=penalty,
-    si=(reg.w["hidden"]["kernel"], si_d) if si else None,
+    si=(reg.w["hidden"]["kernel"], t.si_d) if si else None,
   )
   new_values = jax.nn.relu(values_kernel - step_size * d_values)
   if penalty is not None:
     loss = loss + regularizer.strength * (penalty_sum + address_penalty)  # the penalty at the step's start
   if si:  # regularizers.si_accumulate on the output layer; the kernel did the addresses' rows
-    w_values = reg.w["output"]["kernel"] - si_d_values * (new_values - values_kernel)
+    w_values = reg.w["output"]["kernel"] - t.si_d_values * (new_values - values_kernel)
     reg = reg.replace(w={**reg.w, "hidden": {**reg.w["hidden"], "kernel": w}, "output": {"kernel": w_values}})
 
-  counts = state.gaba_counts
-  if spec.hidden.k_schedule == "gaba":
-    counts = sdm_layer.count_fired_at(counts, neuron, value)
   params = {
     **state.params,
     "hidden": {**state.params["hidden"], "kernel": addresses},
     "output": {**state.params["output"], "kernel": new_values},
   }
-  new_state = state.replace(params=params, gaba_counts=counts, step=state.step + 1, reg=reg)
-  activity = jnp.zeros((spec.neurons,), jnp.float32).at[neuron].add(value)
-  stats = (
-    loss * valid.sum(),
-    jnp.sum((jnp.argmax(logits, -1) == y) & valid),
-    activity,
-    jnp.sum(value > 0).astype(jnp.float32),
-  )
+  new_state = state.replace(params=params, gaba_counts=t.gaba_counts, step=state.step + 1, reg=reg)
+  stats = (loss * valid.sum(), t.correct, t.activity, t.active)
   if penalty is not None:
     penalty = penalty._replace(row_stats=row_stats)
   return new_state, stats, touched_fit, penalty
