@@ -447,7 +447,8 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
 
   `total`: the number of active units when they are the first slots (`cpu_kernels.active_units`
   packs them so); the slot terms then run on the smallest tier that holds them (`_slot_tiers`,
-  one `lax.switch`: only the taken branch runs), with the same bits as on all S slots.
+  one `lax.switch`: only the taken branch runs; under `vmap`, seed_loop "vmap", every tier runs
+  and a select picks one), with the same bits as on all S slots.
   Returns the new state, (loss sum, correct, activity sum [r], active count),
   whether the batch's distinct neurons fitted the compact path's capacity, and the penalty with
   the row statistics at the new addresses.
