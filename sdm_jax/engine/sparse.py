@@ -348,10 +348,10 @@ def _slot_gradients(d_logits, slots, gathered_values, values_kernel, num_slots):
 
 
 #: XLA:CPU (JAX 0.10.2 to 0.12) reduces the rows of a [rows, classes] product with a YNNPACK
-#: fusion from about 4,000 to 5,100 elements up and with its own loop below, and the two sum a
-#: row in different orders (0.10.0 has no YNNPACK fusion). A tier's class sum is padded to at
+#: fusion above a size of a few thousand elements and with its own loop below it, and the two sum
+#: a row in different orders (0.10.0 has no YNNPACK fusion). A tier's class sum is padded to at
 #: least this many elements, so that it takes the same path, and so gives the same bits, as the
-#: sum over all the slots; padding all the way to the slots instead costs 50 us a step at 1K.
+#: sum over all the slots; padding it to all the slots is slower (benchmarks/README.md).
 CLASS_SUM_MIN_ELEMENTS = 8192
 
 
@@ -376,8 +376,8 @@ SLOT_TIERS = (1, 2, 4, 8, 16)
 
 
 class SlotTerms(NamedTuple):
-  """What a step takes from its slots (`_slot_terms`): every field's shape is the slots' count
-  independent, except `d` and `si_d`, which are [S] (zero past the active units)."""
+  """What a step takes from its slots (`_slot_terms`). Every field has the same shape whatever
+  the tier: `d` and `si_d` are [S], all the slots, zero past the active units."""
 
   loss_sum: jax.Array  # the batch-mean cross-entropy (before a penalty)
   correct: jax.Array
