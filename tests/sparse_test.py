@@ -253,11 +253,15 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
   np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
 
 
-def test_default_slot_tiers_at_1k_neurons():
-  """After the switch B * k = 1,280 units fire in a batch of 128 at k = 10, against 10,240 slots."""
+def test_slot_tiers_and_class_sum_rows_at_1k_neurons():
+  """After the switch B * k = 1,280 units fire in a batch of 128 at k = 10, against 10,240 slots;
+  a tier's class sum covers at least 8,192 elements (820 rows of 10 classes), or all the slots."""
   spec = models.sdmlp(784, 1000, 10, k=10)
   num_slots = sparse.SparseSGD(0.05).num_slots(spec, 128)
-  assert sparse._slot_tiers(spec, num_slots, 128) == [1280, 2560, 5120, num_slots][: 4 if num_slots > 5120 else 3]
+  assert num_slots == 10_240
+  assert sparse._slot_tiers(spec, num_slots, 128) == [1280, 2560, 5120, 10_240]
+  assert [sparse._class_sum_rows(t, 1152, 10) for t in (96, 768, 1152)] == [820, 820, 1152]
+  assert sparse._class_sum_rows(96, 576, 10) == 576 and sparse._class_sum_rows(1280, 10_240, 10) == 1280
 
 
 @pytest.mark.parametrize("regularizer", [None, "ewc", "si"])
