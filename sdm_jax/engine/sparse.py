@@ -379,7 +379,7 @@ class SlotTerms(NamedTuple):
   """What a step takes from its slots (`_slot_terms`). Every field has the same shape whatever
   the tier: `d` and `si_d` are [S], all the slots, zero past the active units."""
 
-  loss_sum: jax.Array  # the batch-mean cross-entropy (before a penalty)
+  loss: jax.Array  # the batch-mean cross-entropy (before a penalty)
   correct: jax.Array
   d: jax.Array  # d a* per slot
   d_values: jax.Array  # d X_v [r, classes] of the data loss (+ SI's, reference variant; + a penalty's)
@@ -425,7 +425,7 @@ def _slot_terms(values_kernel, gaba_counts, penalty, slots, y, valid, *, spec, r
   if spec.hidden.k_schedule == "gaba":
     gaba_counts = sdm_layer.count_fired_at(gaba_counts, neuron, value)
   return SlotTerms(
-    loss_sum=loss,
+    loss=loss,
     correct=jnp.sum((jnp.argmax(logits, -1) == y) & valid),
     d=d,
     d_values=d_values,
@@ -468,13 +468,16 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
     num_slots=num_slots,
   )
   tiers = _slot_tiers(spec, num_slots, x.shape[0]) if total is not None else [num_slots]
+  if len(tiers) == 1:
+    t = terms(slots)
+  else:
 
-  def on_first(count):
-    return lambda: terms(tuple(s[:count] for s in slots))
+    def on_first(count):
+      return lambda: terms(tuple(s[:count] for s in slots))
 
-  tier = jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), total), len(tiers) - 1) if len(tiers) > 1 else 0
-  t = jax.lax.switch(tier, [on_first(c) for c in tiers]) if len(tiers) > 1 else terms(slots)  # overflow: all
-  d_values, loss = t.d_values, t.loss_sum
+    tier = jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), total), len(tiers) - 1)  # overflowed: all slots
+    t = jax.lax.switch(tier, [on_first(c) for c in tiers])
+  d_values, loss = t.d_values, t.loss
   si = regularizer is not None and regularizer.method == "si"
   penalty_sum = 0.0
   if penalty is not None:
