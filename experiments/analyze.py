@@ -303,27 +303,22 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   x, y = images[keep].reshape(len(keep), -1), labels[keep]
   num_classes = config.num_classes
   final_epoch = config.epochs_per_task * (num_classes // config.classes_per_task)  # k of a linear schedule
-  stats, entropies = [], []
+  test_x, test_y = dataset["test_images"], np.asarray(dataset["test_labels"]).astype(np.int64)
+  stats, entropies, probes = [], [], []
   for i in range(len(seeds)):
-    logging.info(f"  neurons of seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
-    s = analysis.neuron_statistics(
-      analysis.seed_params(params, i),
-      x,
-      y,
-      spec=spec,
-      num_classes=num_classes,
-      gaba_counts=gaba_counts[i],
-      epoch=final_epoch,
+    seed_params = analysis.seed_params(params, i)
+    logging.info(f"  seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
+    # One pass over the training examples serves both the neuron statistics and the probe's fit.
+    hidden = np.concatenate(
+      list(analysis.hidden_activations(seed_params, x, spec=spec, gaba_counts=gaba_counts[i], epoch=final_epoch))
     )
+    s = analysis.statistics_of_activations([hidden], y, num_classes=num_classes)
     stats.append(s)
     entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
-  test_x, test_y = dataset["test_images"], np.asarray(dataset["test_labels"]).astype(np.int64)
-  probes = []
-  for i in range(len(seeds)):
     logging.info(f"  readout probe of seed {int(seeds[i])}: fit on {len(y)} examples, scored on {len(test_y)}")
     probes.append(
       analysis.readout_probe(
-        analysis.seed_params(params, i),
+        seed_params,
         x,
         y,
         test_x,
@@ -332,8 +327,10 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
         num_classes=num_classes,
         gaba_counts=gaba_counts[i],
         epoch=final_epoch,
+        train_hidden=hidden,
       )
     )
+    del hidden
   out = dict(
     spec=spec,
     seeds=[int(s) for s in seeds],

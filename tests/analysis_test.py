@@ -172,6 +172,25 @@ def test_neuron_statistics_match_one_forward_pass(kind):
   assert stats.active_per_example == pytest.approx((hidden != 0).sum() / 50)
 
 
+def test_statistics_of_activations_in_one_array_equal_the_batched_pass():
+  """analyze hands the statistics the activations it also fits the probe on, as one array: the same
+  counts, activity and winners as `neuron_statistics`' batches; rows and labels must agree."""
+  spec = models.sdmlp(input_size=784, neurons=40, num_classes=10, k=3)
+  params = models.init_params(jax.random.key(0), spec)
+  rng = np.random.default_rng(1)
+  x, y = rng.integers(0, 256, (50, 784), dtype=np.uint8), rng.integers(0, 10, 50)
+  counts = np.full(40, 1e12, np.float32)
+  batched = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, batch_size=16)
+  hidden = np.concatenate(list(analysis.hidden_activations(params, x, spec=spec, gaba_counts=counts, batch_size=16)))
+  whole = analysis.statistics_of_activations([hidden], y, num_classes=10)
+  for field in ("counts", "counts_entropy", "argmax_label"):
+    np.testing.assert_array_equal(getattr(whole, field), getattr(batched, field))
+  np.testing.assert_allclose(whole.activity_sum, batched.activity_sum, rtol=1e-12)
+  assert whole.active_per_example == batched.active_per_example
+  with pytest.raises(ValueError, match="49 activation rows for 50 labels"):
+    analysis.statistics_of_activations([hidden[:49]], y, num_classes=10)
+
+
 def test_linear_probe_matches_scikit_learn():
   """The same objective as scikit-learn's multinomial LogisticRegression (lbfgs, C = 1 / (l2 N), the
   bias unpenalised) on the same rescaled features: the same predictions on held-out examples."""
@@ -204,6 +223,11 @@ def test_readout_probe_scores_the_models_own_head_and_its_features():
   logits, _ = models.forward(params, xt.reshape(len(xt), -1).astype(np.float32) / 255, spec=spec, gaba_counts=counts)
   assert result.head == pytest.approx(np.mean(np.argmax(np.asarray(logits), 1) == yt))
   assert result.head < 0.3 < result.probe <= result.probe_train + 0.05
+  hidden = np.concatenate(list(analysis.hidden_activations(params, x, spec=spec, gaba_counts=counts)))
+  given = analysis.readout_probe(
+    params, x, y, xt, yt, spec=spec, num_classes=10, gaba_counts=counts, steps=100, train_hidden=hidden
+  )
+  assert given == result  # the activations handed in are the ones it would compute
 
 
 @pytest.mark.slow  # numba compiles UMAP's kernels once (~10 s)

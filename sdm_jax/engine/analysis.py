@@ -415,16 +415,29 @@ def neuron_statistics(
 
   Memory stays O(batch × r), so 10K-neuron models and all 50K training images fit.
   """
+  hidden = hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch, batch_size=batch_size)
+  return statistics_of_activations(hidden, labels, num_classes=num_classes)
+
+
+def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: int) -> NeuronStats:
+  """`neuron_statistics` of activations already computed: a* [B, r] batches of the examples in order.
+
+  For a caller that also needs the activations themselves (`readout_probe`'s `train_hidden`), so
+  the examples go through the model once.
+  """
   labels = np.asarray(labels)
-  r = spec.neurons
-  counts = np.zeros((num_classes, r), np.int64)
-  counts_entropy = np.zeros((num_classes, r), np.int64)
-  activity = np.zeros(r)
-  best = np.full(r, -np.inf)
-  best_label = np.zeros(r, np.int64)
+  counts = counts_entropy = activity = best = best_label = None
   active = 0.0
   start = 0
-  for hidden in hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch, batch_size=batch_size):
+  for hidden in hidden_batches:
+    hidden = np.asarray(hidden)
+    if counts is None:
+      r = hidden.shape[1]
+      counts = np.zeros((num_classes, r), np.int64)
+      counts_entropy = np.zeros((num_classes, r), np.int64)
+      activity = np.zeros(r)
+      best = np.full(r, -np.inf)
+      best_label = np.zeros(r, np.int64)
     y = labels[start : start + len(hidden)]
     start += len(hidden)
     counts += activation_counts(hidden, y, num_classes)
@@ -432,10 +445,14 @@ def neuron_statistics(
     activity += hidden.sum(0, dtype=np.float64)
     active += float((hidden != 0).sum())
     idx = hidden.argmax(0)
-    top = hidden[idx, np.arange(r)]
+    top = hidden[idx, np.arange(hidden.shape[1])]
     better = top > best  # strict: the first batch's example wins ties, as one global argmax would
     best = np.where(better, top, best)
     best_label = np.where(better, y[idx], best_label)
+  if counts is None:
+    raise ValueError("statistics_of_activations: no examples")
+  if start != len(labels):
+    raise ValueError(f"statistics_of_activations: {start} activation rows for {len(labels)} labels")
   n = len(labels)
   return NeuronStats(counts, counts_entropy, activity, best, best_label, active / max(n, 1), n)
 
@@ -524,7 +541,18 @@ def _probe_fitter(l2: float, steps: int):
 
 
 def readout_probe(
-  params: Mapping, train_x, train_y, test_x, test_y, *, spec, num_classes: int, gaba_counts=None, epoch=None, **probe
+  params: Mapping,
+  train_x,
+  train_y,
+  test_x,
+  test_y,
+  *,
+  spec,
+  num_classes: int,
+  gaba_counts=None,
+  epoch=None,
+  train_hidden=None,
+  **probe,
 ) -> ReadoutProbe:
   """Is a continual learner's lost accuracy in its features or in its readout?
 
@@ -536,10 +564,13 @@ def readout_probe(
   Supervised and Unsupervised Continual Learning" (CVPR 2022). `probe` is passed to `linear_probe`.
   Memory: both sets' activations are held at once, (N_train + N_test) r 4 bytes (0.8 GB for
   10,000 examples each at r = 10,000); pass fewer training examples for a wider layer.
+  `train_hidden`, if given, is train_x's a* already computed (`hidden_activations`); train_x is
+  then not run through the model again.
   """
-  train_hidden = np.concatenate(
-    list(hidden_activations(params, train_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
-  )
+  if train_hidden is None:
+    train_hidden = np.concatenate(
+      list(hidden_activations(params, train_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
+    )
   logits, test_hidden = (
     np.concatenate(part)
     for part in zip(*forward_passes(params, test_x, spec=spec, gaba_counts=gaba_counts, epoch=epoch))
