@@ -99,7 +99,7 @@ def test_the_main_job_runs_as_written_and_ends_where_the_readme_says(tmp_path):
   done = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
   final = json.loads((tmp_path / "run" / "results.json").read_text())["per_seed"][0]["final_accuracy"]
-  stated = float(re.search(r"final accuracy of (0\.\d+)", README).group(1))
+  stated = float(re.search(r"final accuracy\s+of\s+(0\.\d+)", README).group(1))  # across a line break
   assert final == pytest.approx(stated, abs=0.01)
   analyze = next(c for c in _blocks("bash") if "experiments.analyze" in c).strip().splitlines()[-1]
   analyze = shlex.split(analyze.replace("/tmp/sdm_jax/split_mnist", str(tmp_path / "run")))
