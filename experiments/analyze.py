@@ -312,7 +312,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     hidden = np.concatenate(
       list(analysis.hidden_activations(seed_params, x, spec=spec, gaba_counts=gaba_counts[i], epoch=final_epoch))
     )
-    s = analysis.statistics_of_activations([hidden], y, num_classes=num_classes)
+    s = analysis.statistics_of_activations([hidden], y, num_classes=num_classes, neurons=spec.neurons)
     stats.append(s)
     entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
     logging.info(f"  readout probe of seed {int(seeds[i])}: fit on {len(y)} examples, scored on {len(test_y)}")
@@ -330,7 +330,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
         train_hidden=hidden,
       )
     )
-    del hidden
+    del hidden  # freed before the next seed's activations are computed, not after
   out = dict(
     spec=spec,
     seeds=[int(s) for s in seeds],

@@ -182,13 +182,13 @@ def test_statistics_of_activations_in_one_array_equal_the_batched_pass():
   counts = np.full(40, 1e12, np.float32)
   batched = analysis.neuron_statistics(params, x, y, spec=spec, num_classes=10, gaba_counts=counts, batch_size=16)
   hidden = np.concatenate(list(analysis.hidden_activations(params, x, spec=spec, gaba_counts=counts, batch_size=16)))
-  whole = analysis.statistics_of_activations([hidden], y, num_classes=10)
+  whole = analysis.statistics_of_activations([hidden], y, num_classes=10, neurons=40)
   for field in ("counts", "counts_entropy", "argmax_label"):
     np.testing.assert_array_equal(getattr(whole, field), getattr(batched, field))
   np.testing.assert_allclose(whole.activity_sum, batched.activity_sum, rtol=1e-12)
   assert whole.active_per_example == batched.active_per_example
   with pytest.raises(ValueError, match="49 activation rows for 50 labels"):
-    analysis.statistics_of_activations([hidden[:49]], y, num_classes=10)
+    analysis.statistics_of_activations([hidden[:49]], y, num_classes=10, neurons=40)
 
 
 def test_linear_probe_matches_scikit_learn():

@@ -416,28 +416,26 @@ def neuron_statistics(
   Memory stays O(batch × r), so 10K-neuron models and all 50K training images fit.
   """
   hidden = hidden_activations(params, x, spec=spec, gaba_counts=gaba_counts, epoch=epoch, batch_size=batch_size)
-  return statistics_of_activations(hidden, labels, num_classes=num_classes)
+  return statistics_of_activations(hidden, labels, num_classes=num_classes, neurons=spec.neurons)
 
 
-def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: int) -> NeuronStats:
-  """`neuron_statistics` of activations already computed: a* [B, r] batches of the examples in order.
+def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: int, neurons: int) -> NeuronStats:
+  """`neuron_statistics` of activations already computed: a* [B, neurons] batches of the examples
+  in order.
 
   For a caller that also needs the activations themselves (`readout_probe`'s `train_hidden`), so
   the examples go through the model once.
   """
   labels = np.asarray(labels)
-  counts = counts_entropy = activity = best = best_label = None
+  counts = np.zeros((num_classes, neurons), np.int64)
+  counts_entropy = np.zeros((num_classes, neurons), np.int64)
+  activity = np.zeros(neurons)
+  best = np.full(neurons, -np.inf)
+  best_label = np.zeros(neurons, np.int64)
   active = 0.0
   start = 0
   for hidden in hidden_batches:
     hidden = np.asarray(hidden)
-    if counts is None:
-      r = hidden.shape[1]
-      counts = np.zeros((num_classes, r), np.int64)
-      counts_entropy = np.zeros((num_classes, r), np.int64)
-      activity = np.zeros(r)
-      best = np.full(r, -np.inf)
-      best_label = np.zeros(r, np.int64)
     y = labels[start : start + len(hidden)]
     start += len(hidden)
     counts += activation_counts(hidden, y, num_classes)
@@ -445,12 +443,10 @@ def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: 
     activity += hidden.sum(0, dtype=np.float64)
     active += float((hidden != 0).sum())
     idx = hidden.argmax(0)
-    top = hidden[idx, np.arange(hidden.shape[1])]
+    top = hidden[idx, np.arange(neurons)]
     better = top > best  # strict: the first batch's example wins ties, as one global argmax would
     best = np.where(better, top, best)
     best_label = np.where(better, y[idx], best_label)
-  if counts is None:
-    raise ValueError("statistics_of_activations: no examples")
   if start != len(labels):
     raise ValueError(f"statistics_of_activations: {start} activation rows for {len(labels)} labels")
   n = len(labels)
