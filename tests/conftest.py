@@ -1,11 +1,28 @@
-"""Shared test setup: float32 matmuls everywhere (TPUs/GPUs default to less); the runs' INFO log lines
-(absl, as `app.run` shows them) reach pytest's `caplog`."""
+"""Shared test setup: float32 matmuls everywhere (TPUs/GPUs default to less); a compilation cache
+for the test process; the runs' INFO log lines (absl, as `app.run` shows them) reach pytest's
+`caplog`."""
+
+import atexit
+import shutil
+import tempfile
 
 from absl import logging
 import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "float32")
+
+# Many tests build the same program more than once (the dense reference of a sparse-step test under
+# each kernel, one model block per seed loop); each new `jax.jit` closure would compile it again. A
+# persistent cache keyed on the program loads it instead: the same executable, so the same bits. One
+# directory per test process (pytest-xdist worker), set before anything compiles and removed at exit:
+# JAX writes entries without a lock, so processes never share one. Subprocesses started by a test do
+# not inherit it (it is not in the environment), and tests that count compilations still see every
+# "Compiling" line (it is logged before the cache is consulted).
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="sdm_jax_tests_jax_cache_")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 logging.set_verbosity(logging.INFO)
 
