@@ -58,7 +58,7 @@ def test_the_readme_is_a_quickstart():
 
 
 def test_the_readme_states_the_timings_and_links_the_docs():
-  for claim in ("1-2 minutes", "about 35 s", "0.4458", "about 18 minutes", "about 4.5 minutes"):
+  for claim in ("1-2 minutes", "about 35 s", "0.4458", "about 13 minutes", "about 3.5 minutes"):
     assert claim in README
   for link in re.findall(r"\]\((docs/[^)#]+)", README):
     assert (ROOT / link).exists(), link
