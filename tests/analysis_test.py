@@ -189,6 +189,8 @@ def test_statistics_of_activations_in_one_array_equal_the_batched_pass():
   assert whole.active_per_example == batched.active_per_example
   with pytest.raises(ValueError, match="49 activation rows for 50 labels"):
     analysis.statistics_of_activations([hidden[:49]], y, num_classes=10, neurons=40)
+  with pytest.raises(ValueError, match=r"shape \(50, 40\), not \[B, neurons=30\]"):
+    analysis.statistics_of_activations([hidden], y, num_classes=10, neurons=30)
 
 
 def test_linear_probe_matches_scikit_learn():

@@ -436,6 +436,10 @@ def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: 
   start = 0
   for hidden in hidden_batches:
     hidden = np.asarray(hidden)
+    if hidden.ndim != 2 or hidden.shape[1] != neurons:  # numpy's broadcasting error would not say which
+      raise ValueError(
+        f"statistics_of_activations: a batch of activations has shape {hidden.shape}, not [B, neurons={neurons}]"
+      )
     y = labels[start : start + len(hidden)]
     start += len(hidden)
     counts += activation_counts(hidden, y, num_classes)
