@@ -48,7 +48,7 @@ import numpy as np
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.engine import continual, flymodel, metrics, pretrained, train
-from sdm_jax.runs import checkpoint, final_state, metric_writers
+from sdm_jax.runs import checkpoint, compilation_cache, final_state, metric_writers
 from sdm_jax.runs import workdir as workdir_lib
 from experiments import schema
 
@@ -157,12 +157,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   start_time = time.time()
   workdir = pathlib.Path(workdir)
+  # Before anything compiles: a program an earlier run compiled is loaded, not compiled again.
+  cache = compilation_cache.enable()
   config, tasks, pre = _prepare(config, workdir)
   # The run is accepted: first, where it writes (the command line's last line says what to run next).
   logging.info(
     f"workdir {workdir.resolve()}: config.json, results.json, metrics.csv, checkpoints/, final_state.npz "
     "(the same command resumes from it)"
   )
+  logging.info(f"compilation cache: {cache or 'off'} (${compilation_cache.ENV_VAR}=off turns it off)")
   # "default" leaves JAX's own setting (jax_default_matmul_precision) as it is; "high" / "highest"
   # set XLA's float32 matmul precision for this run (on CPU all are float32).
   precision = config.get("matmul_precision", "default")

@@ -3,6 +3,7 @@ for the test process; the runs' INFO log lines (absl, as `app.run` shows them) r
 `caplog`."""
 
 import atexit
+import os
 import shutil
 import tempfile
 
@@ -16,9 +17,11 @@ jax.config.update("jax_default_matmul_precision", "float32")
 # each kernel, one model block per seed loop); each new `jax.jit` closure would compile it again. A
 # persistent cache keyed on the program loads it instead: the same executable, so the same bits. One
 # directory per test process (pytest-xdist worker), set before anything compiles and removed at exit:
-# JAX writes entries without a lock, so processes never share one. Subprocesses started by a test do
-# not inherit it (it is not in the environment), and tests that count compilations still see every
-# "Compiling" line (it is logged before the cache is consulted).
+# JAX writes entries without a lock, so processes never share one. Subprocesses started by a test
+# run with the runs' own cache off (sdm_jax/runs/compilation_cache.py; tests/compilation_cache_test.py
+# turns it on where it is the subject), so they compile as on a fresh machine. Tests that count
+# compilations still see every "Compiling" line (it is logged before the cache is consulted).
+os.environ["SDM_JAX_COMPILATION_CACHE"] = "off"
 _COMPILATION_CACHE = tempfile.mkdtemp(prefix="sdm_jax_tests_jax_cache_")
 atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
