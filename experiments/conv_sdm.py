@@ -30,7 +30,7 @@ import numpy as np
 from experiments import train_convmixer
 from sdm_jax.core import sdm_layer
 from sdm_jax.engine import convmixer
-from sdm_jax.runs import checkpoint
+from sdm_jax.runs import checkpoint, compilation_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -237,6 +237,7 @@ def _define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  compilation_cache.enable()  # before anything compiles (docs/guide/runs.md, "The compilation cache")
   try:
     run_sweep(flags.FLAGS.config, flags.FLAGS.workdir)
   except (ValueError, OSError) as e:  # a bad config, missing data, a workdir fault: the message says it

@@ -25,6 +25,7 @@ from absl import app, flags, logging
 from sdm_jax import data
 from sdm_jax.engine import convmixer
 from sdm_jax.data import embeddings
+from sdm_jax.runs import compilation_cache
 
 
 def embedder_dir(path) -> pathlib.Path:
@@ -113,6 +114,7 @@ def main(argv):
   f = flags.FLAGS
   if not f.embedder:
     raise app.UsageError("--embedder=DIR is required (a train_convmixer workdir)")
+  compilation_cache.enable()  # before anything compiles (docs/guide/runs.md, "The compilation cache")
   path, _ = embed_dataset(f.embedder, f.dataset, f.out, data_dir=f.data_dir, batch_size=f.batch_size)
   print(path)
 

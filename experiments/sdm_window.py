@@ -35,6 +35,7 @@ import optax
 import sdm_jax
 from sdm_jax import data as data_lib
 from sdm_jax.core import centering, diagnostics
+from sdm_jax.runs import compilation_cache
 
 PARTS = ("window", "grid", "probe", "frozen")
 KINDS = ("relu", "sdm", "recipe")
@@ -754,6 +755,7 @@ def _define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  compilation_cache.enable()  # before anything compiles (docs/guide/runs.md, "The compilation cache")
   try:
     results = run(flags.FLAGS.config, flags.FLAGS.workdir, tuple(flags.FLAGS.parts))
   except (ValueError, OSError) as e:  # a bad config, missing data, a workdir fault: the message says it

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 
 from sdm_jax import data
 from sdm_jax.engine import convmixer
-from sdm_jax.runs import checkpoint
+from sdm_jax.runs import checkpoint, compilation_cache
 
 EMBEDDER_DIR = "embedder"
 
@@ -281,6 +281,7 @@ def _define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  compilation_cache.enable()  # before anything compiles (docs/guide/runs.md, "The compilation cache")
   train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -8,8 +8,8 @@ Synopsis::
 JAX can keep every compiled executable on disk (`jax_compilation_cache_dir`). A later process that
 builds the same program (the same HLO, JAX version, backend, devices and flags: JAX's cache key)
 loads the executable instead of compiling it again. It is the same machine code, so a run gives the
-same bits with the cache or without it. The experiment binaries call `enable` through
-`experiments.driver.train_and_evaluate`: a second run of a config, a run resumed after a crash, the
+same bits with the cache or without it. The experiment binaries call `enable` (through
+`experiments.driver.train_and_evaluate`, or first thing in `main`): a second run of a config, a run resumed after a crash, the
 next row of a table of the same shape and every member of `launch.sweep --separate` skip their
 compiles. The library (`fit`, the NNX layer) changes no global setting; call `enable` yourself.
 
