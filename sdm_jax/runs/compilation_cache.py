@@ -9,13 +9,13 @@ JAX can keep every compiled executable on disk (`jax_compilation_cache_dir`). A 
 builds the same program (the same HLO, JAX version, backend, devices and flags: JAX's cache key)
 loads the executable instead of compiling it again. It is the same machine code, so a run gives the
 same bits with the cache or without it. The experiment binaries call `enable` (through
-`experiments.driver.train_and_evaluate`, or first thing in `main`): a second run of a config, a run resumed after a crash, the
-next row of a table of the same shape and every member of `launch.sweep --separate` skip their
-compiles. The library (`fit`, the NNX layer) changes no global setting; call `enable` yourself.
+`experiments.driver.train_and_evaluate`, or first thing in `main`): a second run of a config, a
+run resumed after a crash, the next row of a table of the same shape and every member of
+`launch.sweep --separate` skip their compiles. The library (`fit`, the NNX layer) changes no global setting; call `enable` yourself.
 
 Where, decided once per process:
 - `$JAX_COMPILATION_CACHE_DIR`, or a folder already set in JAX's config: left as it is (yours wins).
-- `$SDM_JAX_COMPILATION_CACHE`: a folder, or `off` (also `0`, `false`, `no`, empty) for none.
+- `$SDM_JAX_COMPILATION_CACHE`: a folder, or `off` (also `0`, `false`, `no`, `none`, empty) for none.
 - otherwise `~/.cache/sdm_jax/jax-<machine>` (`$SDM_JAX_CACHE_DIR` or `$XDG_CACHE_HOME` move the
   base, as for the CPU kernels), `<machine>` hashing the CPU's model and feature flags: XLA:CPU
   compiles for the host CPU, so two kinds of machine sharing a home folder keep apart.
