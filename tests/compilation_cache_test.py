@@ -75,6 +75,20 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
   assert second.stdout.split()[:2] == [folder, value] and int(second.stdout.split()[2]) >= 1  # loaded
 
 
+def test_a_half_written_entry_is_compiled_again_with_a_warning(tmp_path):
+  """JAX writes entries without a lock: one cut short (a process killed while writing it) must not
+  fail a later run, only cost it that compile (docs/guide/runs.md)."""
+  env = {compilation_cache.ENV_VAR: str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+  first = _fresh_python(_LOAD_TWICE, env)
+  assert first.returncode == 0, first.stderr[-2000:]
+  for entry in (tmp_path / "cache").iterdir():
+    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+  second = _fresh_python(_LOAD_TWICE, env)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert second.stdout.split()[:2] == first.stdout.split()[:2]  # the same value, compiled again
+  assert "Error reading persistent compilation cache entry" in second.stderr
+
+
 def test_an_unwritable_folder_leaves_the_cache_off_with_one_warning(tmp_path):
   (tmp_path / "file").write_text("not a folder")
   code = "from sdm_jax.runs import compilation_cache as c; print(c.enable())"
