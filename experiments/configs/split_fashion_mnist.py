@@ -32,7 +32,7 @@ jax 0.10.2; each row's date, VM and wall time in experiments/results/split_fashi
   topk 0.200 ± 0.000 (0.23)   relu 0.200 ± 0.000 (0.21)   oracle (100 epochs) 0.893 ± 0.003 (0.90)
   ewc 0.228 ± 0.009 (0.68)    mas 0.219 ± 0.007 (0.33)    (ewc and mas: 1h05m each on one core)
   oracle_10k (100 epochs) 0.897 ± 0.001 (0.90)   sdmlp_ewc_10k 0.711 ± 0.008 (0.72; 6h55m on one core)
-  not run at this schedule yet: ewc_10k, mas_10k
+  ewc_10k 0.238 ± 0.003 (0.72; 11h47m on one core)   not run at this schedule yet: mas_10k
 Tuned rows (`ewc_tuned`, `mas_tuned`; `TUNED` below), 500 epochs per task, fresh seeds (3, 4, 5),
 2026-11-23, same machine, both at once, 1h55m each (experiments/results/split_fashion_mnist_tuned/):
   ewc_tuned 0.441 ± 0.017 (0.68)   mas_tuned 0.451 ± 0.009 (0.33)
