@@ -43,8 +43,9 @@ Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
 -march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else
-`~/.cache/sdm_jax`, under a name hashing the source, jaxlib's version, the compiler and its
-flags and the CPU's feature flags; it is written to a temporary file and renamed into place,
+`~/.cache/sdm_jax` (`sdm_jax.runs.compilation_cache.cache_root`, which the compiled programs
+share), under a name hashing the source, jaxlib's version, the compiler and its flags and the
+CPU's feature flags; it is written to a temporary file and renamed into place,
 so concurrent processes (pytest-xdist workers) never load a partial file (a read-only cache
 dir falls back to a per-user directory under the temp dir). Without a compiler, or if the build
 fails, one warning is logged and `available()` is False: the sparse step then keeps its XLA
@@ -68,6 +69,8 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sdm_jax.runs import compilation_cache
 
 _SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
 # FFI target name -> exported handler symbol.
@@ -100,11 +103,8 @@ _state: dict = {}  # "ok": bool, "error": str | None, "path": str | None (filled
 
 
 def cache_dir() -> pathlib.Path:
-  """Where the compiled kernels are kept: `$SDM_JAX_CACHE_DIR`, else `~/.cache/sdm_jax`."""
-  if os.environ.get("SDM_JAX_CACHE_DIR"):
-    return pathlib.Path(os.environ["SDM_JAX_CACHE_DIR"])
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return pathlib.Path(base) / "sdm_jax"
+  """Where the compiled kernels are kept: sdm_jax's cache folder (`compilation_cache.cache_root`)."""
+  return compilation_cache.cache_root()
 
 
 def _compiler() -> list[str]:

@@ -11,14 +11,16 @@ loads the executable instead of compiling it again. It is the same machine code,
 same bits with the cache or without it. The experiment binaries call `enable` (through
 `experiments.driver.train_and_evaluate`, or first thing in `main`): a second run of a config, a
 run resumed after a crash, the next row of a table of the same shape and every member of
-`launch.sweep --separate` skip their compiles. The library (`fit`, the NNX layer) changes no global setting; call `enable` yourself.
+`launch.sweep --separate` skip their compiles. The library (`fit`, the NNX layer) changes no
+global setting; call `enable` yourself.
 
 Where, decided once per process:
 - `$JAX_COMPILATION_CACHE_DIR`, or a folder already set in JAX's config: left as it is (yours wins).
-- `$SDM_JAX_COMPILATION_CACHE`: a folder, or `off` (also `0`, `false`, `no`, `none`, empty) for none.
-- otherwise `~/.cache/sdm_jax/jax-<machine>` (`$SDM_JAX_CACHE_DIR` or `$XDG_CACHE_HOME` move the
-  base, as for the CPU kernels), `<machine>` hashing the CPU's model and feature flags: XLA:CPU
-  compiles for the host CPU, so two kinds of machine sharing a home folder keep apart.
+- `$SDM_JAX_COMPILATION_CACHE`: a folder, or `off` (also `0`, `false`, `no`, `none`, empty): none.
+- otherwise `~/.cache/sdm_jax/jax-<machine>` (under `cache_root()`, shared with the CPU kernels:
+  `$SDM_JAX_CACHE_DIR` or `$XDG_CACHE_HOME` move it), `<machine>` hashing the CPU's model and
+  feature flags: XLA:CPU compiles for the host CPU, so two kinds of machine sharing a home folder
+  keep apart.
 
 Every program is kept, however fast it compiled (JAX's default keeps only those over a second, which
 leaves out most of a run's small programs). The folder is never pruned; deleting it is always safe.
@@ -51,16 +53,22 @@ def machine_key() -> str:
   return hashlib.sha256("\n".join(described).encode()).hexdigest()[:12]
 
 
+def cache_root() -> pathlib.Path:
+  """Where sdm_jax keeps what it builds on first use (the CPU kernels, compiled programs):
+  `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else `~/.cache/sdm_jax`."""
+  if os.environ.get("SDM_JAX_CACHE_DIR"):
+    return pathlib.Path(os.environ["SDM_JAX_CACHE_DIR"])
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(base) / "sdm_jax"
+
+
 def default_directory() -> pathlib.Path | None:
   """The folder `enable` uses when JAX has none set: `$SDM_JAX_COMPILATION_CACHE`, else
-  `~/.cache/sdm_jax/jax-<machine_key()>`; None if the variable says off."""
+  `cache_root() / f"jax-{machine_key()}"`; None if the variable says off."""
   if ENV_VAR in os.environ:
     value = os.environ[ENV_VAR].strip()
     return None if value.lower() in _OFF else pathlib.Path(value).expanduser()
-  base = os.environ.get("SDM_JAX_CACHE_DIR") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "sdm_jax"
-  )
-  return pathlib.Path(base) / f"jax-{machine_key()}"
+  return cache_root() / f"jax-{machine_key()}"
 
 
 def enable() -> str | None:
