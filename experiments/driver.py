@@ -285,6 +285,16 @@ def _run(config, workdir: pathlib.Path, tasks: continual.Tasks, pre, start_time:
   )
 
 
+def _mesh_note(mesh, num_models: int) -> str:
+  """The run line's device layout: ', N devices (seed S x data D)' and the padding models the seed
+  axis adds (`mesh_lib.pad_seeds`); '' on one device."""
+  if mesh is None:
+    return ""
+  padding = mesh_lib.padded_size(num_models, mesh) - num_models
+  note = f", {mesh.size} devices (seed {mesh.shape[mesh_lib.SEED]} x data {mesh.shape[mesh_lib.DATA]})"
+  return note + (f", {padding} padding models (trained and discarded)" if padding else "")
+
+
 def _resume(restored: checkpoint.Restored, checkpoints, mesh, tasks: continual.Tasks, config):
   """(states on the mesh, progress, training time of earlier sessions) from a restored checkpoint;
   unreadable newer checkpoints are set aside, each with one line in the log."""
@@ -407,6 +417,7 @@ def _train(
     f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {list(config.seeds)}, "
     + (f"population of {len(seeds) // len(config.seeds)} values x {len(config.seeds)} seeds, " if values else "")
     + f"backend {jax.default_backend()}"
+    + _mesh_note(mesh, len(seeds))
   )
   try:
     t0 = time.time()

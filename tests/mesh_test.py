@@ -286,9 +286,13 @@ def _sweep(workdir, *flags, devices):
 
 
 def _finish(*procs):
+  """Waits for each process; returns their stderr (the runs' logs)."""
+  logs = []
   for proc in procs:
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
+    logs.append(err)
+  return logs
 
 
 def _final_state(run_dir):
@@ -407,7 +411,10 @@ def test_a_population_sharded_on_8_devices_equals_one_device_and_resumes_there(t
   """EWC λ 1, 300, 3000 on 8 devices and on 1; then the 8-device run cut back to its task-2
   checkpoint and finished on 1 device: bitwise the uninterrupted 8-device run on the pinned stack
   (BITWISE_ACROSS_DEVICE_COUNTS), to float rounding on JAX 0.11+."""
-  _finish(_population_run(tmp_path / "eight", 8), _population_run(tmp_path / "one", 1))
+  eight_log, one_log = _finish(_population_run(tmp_path / "eight", 8), _population_run(tmp_path / "one", 1))
+  # The run line names the layout and the padding models (3 members padded to 8); one device: neither.
+  assert "backend cpu, 8 devices (seed 8 x data 1), 5 padding models (trained and discarded)" in eight_log
+  assert "devices (seed" not in one_log
   _assert_same_across_device_counts(tmp_path / "eight", tmp_path / "one")
   members = json.loads((tmp_path / "eight" / "results.json").read_text())["population"]
   assert [m["values"]["regularizer.strength"] for m in members] == [1.0, 300.0, 3000.0]
