@@ -25,14 +25,14 @@ the ten rows on the shared machine (experiments/results/split_fashion_mnist_quic
   sdmlp_ewc 0.657 ± 0.013 (0.74)            sdmlp_k1 0.650 ± 0.011 (0.73)   sdmlp 0.519 ± 0.016 (0.53)
   ewc 0.240 ± 0.018 (0.68)   mas 0.210 ± 0.001 (0.33)   topk 0.200 (0.23)   relu 0.200 (0.21)
   oracle (20 epochs) 0.868 ± 0.001 (0.90)
-The paper's 500 epochs per task, 3 seeds, 2026-11-23 to 26 on three 2-core x86_64 VMs (CPU,
+The paper's 500 epochs per task, 3 seeds, 2026-11-23 to 27 on three 2-core x86_64 VMs (CPU,
 jax 0.10.2; each row's date, VM and wall time in experiments/results/split_fashion_mnist_full/):
   sdmlp_ewc 0.727 ± 0.000 (0.74; 1h26m)   sdmlp 0.484 ± 0.010 (0.53)   sdmlp_10k 0.498 ± 0.007 (0.52)
   flymodel_10k 0.751 ± 0.003 (0.76)       flymodel 0.652 ± 0.009 (0.67)   sdmlp_k1 0.568 ± 0.072 (0.73)
   topk 0.200 ± 0.000 (0.23)   relu 0.200 ± 0.000 (0.21)   oracle (100 epochs) 0.893 ± 0.003 (0.90)
   ewc 0.228 ± 0.009 (0.68)    mas 0.219 ± 0.007 (0.33)    (ewc and mas: 1h05m each on one core)
   oracle_10k (100 epochs) 0.897 ± 0.001 (0.90)   sdmlp_ewc_10k 0.711 ± 0.008 (0.72; 6h55m on one core)
-  ewc_10k 0.238 ± 0.003 (0.72; 11h47m on one core)   not run at this schedule yet: mas_10k
+  ewc_10k 0.238 ± 0.003 (0.72; 11h47m on one core)   mas_10k 0.217 ± 0.006 (0.34; 7h35m, one core then two)
 Tuned rows (`ewc_tuned`, `mas_tuned`; `TUNED` below), 500 epochs per task, fresh seeds (3, 4, 5),
 2026-11-23, same machine, both at once, 1h55m each (experiments/results/split_fashion_mnist_tuned/):
   ewc_tuned 0.441 ± 0.017 (0.68)   mas_tuned 0.451 ± 0.009 (0.33)
