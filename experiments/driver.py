@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from sdm_jax.core import placement
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.engine import continual, flymodel, metrics, pretrained, train
 from sdm_jax.runs import checkpoint, compilation_cache, final_state, metric_writers
@@ -416,7 +417,7 @@ def _train(
     f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.hidden.k} ({spec.hidden.k_schedule}), "
     f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {list(config.seeds)}, "
     + (f"population of {len(seeds) // len(config.seeds)} values x {len(config.seeds)} seeds, " if values else "")
-    + f"backend {jax.default_backend()}"
+    + f"backend {placement.platform()}"
     + _mesh_note(mesh, len(seeds))
   )
   try:
@@ -607,5 +608,5 @@ def _results(
 def _machine() -> str:
   return (
     f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-    f"jax {jax.__version__} ({jax.default_backend()})"
+    f"jax {jax.__version__} ({placement.platform()})"
   )

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs a sweep on one host with several GPUs: one process, every GPU in the mesh (UNTESTED: no GPU here).
+# Runs a sweep on one host with several GPUs: one process, every GPU in the mesh (run on one H200;
+# several GPUs untested: docs/guide/scale_out.md#gpu-and-tpu).
 #
 #   launch/gpu_host.sh SWEEP WORKDIR [more launch.sweep flags]
 #   launch/gpu_host.sh methods /data/sweeps/methods                  # seeds spread over all GPUs
 #   launch/gpu_host.sh methods /data/sweeps/methods --mesh_data=2    # pairs of GPUs split each batch
 #   CUDA_VISIBLE_DEVICES=0,1 launch/gpu_host.sh smoke /tmp/smoke     # a subset of the GPUs
 #
-# Install once: python3 -m venv .venv && . .venv/bin/activate && pip install -U 'jax[cuda12]' && pip install -e .
+# Install once: python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[cuda]' -c requirements.txt
 # Several GPU hosts: run this on each with --coordinator_address=HOST0:PORT --num_processes=N
 # --process_id=I (or --distributed under SLURM / Open MPI) and a WORKDIR all hosts share.
 set -euo pipefail

@@ -25,6 +25,7 @@ import pytest
 from experiments import driver
 from experiments.configs import split_mnist
 from sdm_jax import data
+from sdm_jax.core import placement
 from sdm_jax.engine import fit
 from sdm_jax.runs import final_state, metric_writers
 from sdm_jax.data import embeddings
@@ -203,10 +204,12 @@ def test_a_run_killed_with_sigkill_resumes_to_bitwise_the_same_result(tmp_path):
 # ------------------------------------------------------------------ a population is its members
 
 
-def test_a_population_equals_its_members_run_one_by_one(tmp_path):
+def test_a_population_equals_its_members_run_one_by_one(tmp_path, assert_platform_equal):
   """EWC with λ 30 and 3000 as one program (a population) against λ 3000 run alone: on CPU the
   member is bitwise its separate run (README, "Versions and guarantees"; a member with β = 1.0 is
-  the exception, tested in driver_test.py).
+  the exception, tested in driver_test.py). On a GPU (an H200: 6.7e-8, about 2 ulps of the largest
+  weight, after the 20 epochs) XLA rounds the two programs differently: within 64 float32 ulps of
+  the largest weight, and the accuracies within two test examples of a task (0.05).
 
   Broken on purpose, it fails: members that train with the spec's λ instead of their own
   (`train.member_regularizer` returning the spec)."""
@@ -218,8 +221,13 @@ def test_a_population_equals_its_members_run_one_by_one(tmp_path):
   alone = driver.train_and_evaluate(_config("ewc", data_file, **{"regularizer.strength": 3000.0}), tmp_path / "alone")
   single = final_state.load(tmp_path / "alone" / "final_state.npz")
   for name, leaf in (("hidden", "kernel"), ("hidden", "bias"), ("output", "kernel"), ("output", "bias")):
-    np.testing.assert_array_equal(members.params[name][leaf][1], single.params[name][leaf][0], err_msg=f"{name}.{leaf}")
-  assert population["per_seed"][1]["acc_matrix"] == alone["per_seed"][0]["acc_matrix"]
+    member, separate = members.params[name][leaf][1], single.params[name][leaf][0]
+    assert_platform_equal(member, separate, ulps=64, err_msg=f"{name}.{leaf}")
+  accuracies = [np.asarray(run["per_seed"][i]["acc_matrix"]) for run, i in ((population, 1), (alone, 0))]
+  if placement.is_cpu():
+    np.testing.assert_array_equal(*accuracies)
+  else:
+    np.testing.assert_allclose(*accuracies, atol=0.05)
   # The values matter: the weak and the strong penalty end in different places.
   assert np.abs(members.params["output"]["kernel"][0] - members.params["output"]["kernel"][1]).max() > 1e-3
 
@@ -228,10 +236,12 @@ def test_a_population_equals_its_members_run_one_by_one(tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["sdmlp", "sdmlp_ewc"])
-def test_the_engine_with_the_sparse_step_equals_the_dense_run(tmp_path, caplog, variant):
+def test_the_engine_with_the_sparse_step_equals_the_dense_run(tmp_path, caplog, variant, platform):
   """The driver's run with train_step 'auto' (the sparse step once few units fire) against 'dense':
   the same final parameters to float rounding, with and without a regulariser. (tests/sparse_test.py
-  checks the step itself; this checks what the engine hands it.)
+  checks the step itself; this checks what the engine hands it.) Off CPU (and under conftest's
+  accelerator stand-in) 'auto' is the dense step, with the platform as its reason in the log, and
+  the run takes no CPU-only path (the FFI kernels would refuse to be traced for it).
 
   Broken on purpose, it fails: an engine whose sparse block leaves out the run's regulariser (as
   `continual.make_engine` did from 07cf1d3 to 892b3a3: SDMLP+EWC's sparse blocks trained without
@@ -241,11 +251,14 @@ def test_the_engine_with_the_sparse_step_equals_the_dense_run(tmp_path, caplog, 
   if variant == "sdmlp":
     del overrides["regularizer.strength"]
   runs = {}
-  for step in ("auto", "dense"):
+  for step in ("auto", "dense") if platform == "cpu" else ("auto",):  # (off CPU, 'auto' is the dense run)
     caplog.clear()
     driver.train_and_evaluate(_config(variant, data_file, train_step=step, **overrides), tmp_path / step)
-    assert ("continuing with the sparse SGD step" in caplog.text) == (step == "auto")
+    assert ("continuing with the sparse SGD step" in caplog.text) == (step == "auto" and platform == "cpu")
     runs[step] = _final_state(tmp_path / step)
+  if platform != "cpu":
+    assert f"training step: dense (the {platform} platform" in caplog.text
+    return
   numeric = [name for name, a in runs["dense"].items() if a.dtype.kind in "fiub"]
   assert {"params/hidden/kernel", "gaba_counts"} <= set(numeric), numeric
   for name in numeric:

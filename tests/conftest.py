@@ -1,6 +1,7 @@
 """Shared test setup: float32 matmuls everywhere (TPUs/GPUs default to less); a compilation cache
 for the test process; the runs' INFO log lines (absl, as `app.run` shows them) reach pytest's
-`caplog`."""
+`caplog`; the fixtures that make tests right on any platform (`on_cpu`, `platform`,
+`assert_platform_equal`)."""
 
 import atexit
 import os
@@ -9,7 +10,10 @@ import tempfile
 
 from absl import logging
 import jax
+import numpy as np
 import pytest
+
+from sdm_jax.core import placement
 
 jax.config.update("jax_default_matmul_precision", "float32")
 
@@ -28,6 +32,12 @@ jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 logging.set_verbosity(logging.INFO)
+
+# SDM_JAX_TEST_STAND_IN=gpu runs the whole session under the `platform` fixture's accelerator
+# stand-in (`jax.default_backend()` says "gpu"): how a CPU-only machine finds the tests and code
+# paths that would take a CPU-only path on a GPU host (docs/guide/guarantees.md).
+if os.environ.get("SDM_JAX_TEST_STAND_IN"):
+  jax.default_backend = lambda: os.environ["SDM_JAX_TEST_STAND_IN"]
 
 
 @pytest.fixture
@@ -77,3 +87,51 @@ def saved_figures(monkeypatch):
 
   monkeypatch.setattr(Figure, "savefig", record)
   return saved
+
+
+@pytest.fixture
+def on_cpu():
+  """Runs the test on the host's CPU device, whatever the default backend (a GPU or TPU host has a
+  CPU device too): for the CPU paths, the FFI kernels (registered with XLA:CPU only), the fused
+  dense step, the sparse step and its forward cache. A test of them checks the same thing on every
+  host, rather than being skipped on an accelerator."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield
+
+
+@pytest.fixture(params=["native", "gpu-stand-in"])
+def platform(request, monkeypatch):
+  """Runs a platform-aware test twice: on this machine's platform, and with an accelerator stand-in,
+  where `jax.default_backend()` says "gpu" (as on a GPU host; `jax.default_device(...)` still wins).
+  Returns the platform the decision sees outside any `jax.default_device` (the default backend's,
+  or the stand-in's, whatever the order in which fixtures such as `on_cpu` start). There is no second backend on a
+  CPU-only machine, so the stand-in is how CPU CI catches a test or a code path that takes a
+  CPU-only path (the FFI kernels refuse to be traced for another platform) or expects the CPU's
+  choices where the platform says otherwise. JAX's compiled functions are cleared on the way in and
+  out: a choice made while tracing is not part of their cache key."""
+  if request.param == "gpu-stand-in":
+    jax.clear_caches()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    request.addfinalizer(jax.clear_caches)
+  with jax.default_device(None):
+    return placement.platform()
+
+
+@pytest.fixture
+def assert_platform_equal():
+  """`assert_platform_equal(actual, desired, *, ulps, err_msg="")`: bitwise where the platform
+  promises it (XLA:CPU with a fixed thread count: docs/guide/guarantees.md), and elsewhere (GPU,
+  TPU: XLA fuses and splits sums differently from one program to another) every element within
+  `ulps` float32 ulps of the largest magnitude in `desired`."""
+
+  def check(actual, desired, *, ulps: float, err_msg: str = ""):
+    actual, desired = np.asarray(actual), np.asarray(desired)
+    if placement.is_cpu():
+      np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
+      return
+    assert actual.shape == desired.shape, (err_msg, actual.shape, desired.shape)
+    scale = np.spacing(np.float32(np.max(np.abs(desired), initial=0.0)))
+    largest = float(np.max(np.abs(actual.astype(np.float64) - desired), initial=0.0))
+    assert largest <= ulps * scale, f"{err_msg}: {largest:.3g} = {largest / scale:.1f} ulps > {ulps} ulps"
+
+  return check

@@ -19,12 +19,9 @@ HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not
 needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
 
 
-@pytest.fixture(autouse=True)
-def _on_the_cpu_device():
-  """The FFI handlers are registered for the CPU platform only: on every backend (a GPU's too)
-  these tests run on the CPU device."""
-  with jax.default_device(jax.devices("cpu")[0]):
-    yield
+# The FFI handlers are registered for the CPU platform only: on every backend (a GPU's too) these
+# tests run on the CPU device (conftest's `on_cpu`).
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def _random_problem(seed, r=40, n=784, batch=64, m=5, padded=6):
@@ -68,13 +65,17 @@ def _numpy_update(addresses, x, d_hidden, winners, values_sq, learning_rate, cli
   return out, step, norm
 
 
-def test_kernel_builds_when_a_compiler_is_present():
+def test_kernel_builds_when_a_compiler_is_present(platform):
+  """On the CPU device the sparse step takes the kernels whatever the default backend (a GPU
+  host's, or the stand-in's); off it, only where the default device is a CPU."""
   if not HAVE_COMPILER:
     assert not cpu_kernels.available() and "compiler" in cpu_kernels.build_error()
     return
   assert cpu_kernels.available(), cpu_kernels.build_error()
-  assert sparse.SparseSGD(0.1).address_kernel() == ("ffi" if jax.default_backend() == "cpu" else "xla")
+  assert sparse.SparseSGD(0.1).address_kernel() == "ffi"  # (this module runs on the CPU device)
   assert sparse.SparseSGD(0.1, kernel="xla").address_kernel() == "xla"
+  with jax.default_device(None):  # the machine's default device
+    assert sparse.SparseSGD(0.1).address_kernel() == ("ffi" if platform == "cpu" else "xla")
 
 
 @needs_kernel

@@ -198,8 +198,9 @@ def test_per_seed_class_orders(tmp_path):
 
 
 @pytest.mark.slow
-def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog):
-  """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'."""
+def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog, on_cpu):
+  """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'.
+  (The sparse step is a CPU path: on the CPU device on every host.)"""
   overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
   auto = driver.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
   assert "continuing with the sparse SGD step" in caplog.text

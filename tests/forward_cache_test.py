@@ -24,6 +24,10 @@ from sdm_jax.engine import (
 
 
 _NEEDS_KERNELS = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels did not build")
+# The forward cache serves the sparse step, a CPU path (`step_policy.choose`), and its claim is
+# XLA:CPU's: a cached activation has the bits of the matmul it replaces. On every backend these
+# tests run on the CPU device (conftest's `on_cpu`), the FFI kernels' cases included.
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def _batch(rng, examples, inputs):

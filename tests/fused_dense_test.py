@@ -14,12 +14,9 @@ from sdm_jax.engine import cpu_kernels, fused_dense, models, optimizers, regular
 _BATCH, _STEPS, _INPUTS, _NEURONS = 32, 10, 784, 200
 
 
-@pytest.fixture(autouse=True)
-def _on_the_cpu_device():
-  """The FFI handlers are registered for the CPU platform only: on every backend these tests run on
-  the CPU device."""
-  with jax.default_device(jax.devices("cpu")[0]):
-    yield
+# The FFI handlers are registered for the CPU platform only: on every backend these tests run on the
+# CPU device (conftest's `on_cpu`).
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def _batches(seed=0, steps=_STEPS):
@@ -84,7 +81,9 @@ def _init(spec, sgd, regularizer=None, counts=0.0):
   [(10, 0.0, 1.0, 0.5), (10, 300.0, 1.0, 0.5), (10, 300.0, None, 0.2), (1, 300.0, 0.002, 5.0)],
   ids=["k10_during_switch", "k10_after_switch", "k10_no_clip", "k1"],
 )
-def test_fused_step_equals_the_optax_step(k, counts, clip_norm, lr):
+def test_fused_step_equals_the_optax_step(k, counts, clip_norm, lr, platform):
+  """On the CPU device the kernel runs, whatever the default backend (conftest's `platform`: this
+  machine's, and an accelerator stand-in's)."""
   _needs_kernel()
   spec = models.sdmlp(_INPUTS, _NEURONS, 10, k=k, switch_activations=300.0)
   sgd = sparse.SparseSGD(lr, clip_norm)

@@ -305,13 +305,14 @@ if __name__ == "__main__" and sys.argv[1:] == ["SHARDED"]:
   print(json.dumps(_sharded_worker()))
 
 
-def test_the_last_axis_dtypes_and_kernel_init_as_nnx_linear():
-  """Leading axes are batch axes; bfloat16 parameters and computation; a custom initializer is
-  projected onto the constraint (>= 0, unit-norm columns)."""
+def test_the_last_axis_dtypes_and_kernel_init_as_nnx_linear(assert_platform_equal):
+  """Leading axes are batch axes (bitwise on XLA:CPU; on a GPU the [2, 3, n] and [6, n] matmuls
+  round differently: 2.4e-7 on an H200, 2 float32 ulps of the largest output; 4 allowed); bfloat16 parameters and computation;
+  a custom initializer is projected onto the constraint (>= 0, unit-norm columns)."""
   layer = nnx_layer.SDM(IN, NEURONS, k=K, switch_activations=1.0, rngs=nnx.Rngs(0))
   x = jax.random.uniform(jax.random.key(1), (2, 3, IN))
   layer.eval()
-  np.testing.assert_array_equal(layer(x), layer(x.reshape(6, IN)).reshape(2, 3, NEURONS))
+  assert_platform_equal(layer(x), layer(x.reshape(6, IN)).reshape(2, 3, NEURONS), ulps=4)
   half = nnx_layer.SDM(
     IN,
     NEURONS,

@@ -17,13 +17,11 @@ from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse
 @pytest.fixture(autouse=True)
 def _ffi_on_the_cpu_device(request):
   """The FFI kernels are registered for the CPU platform only: their cases run on the CPU device on
-  every backend; the XLA cases run on the default device."""
+  every backend (conftest's `on_cpu`; a test that uses them without a `kernel` parameter asks for it
+  itself); the XLA cases run on the default device."""
   params = getattr(request.node, "callspec", None)
   if params is not None and params.params.get("kernel") == "ffi":
-    with jax.default_device(jax.devices("cpu")[0]):
-      yield
-  else:
-    yield
+    request.getfixturevalue("on_cpu")
 
 
 def _mnist_task(per_task=700):
@@ -154,7 +152,7 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
 
 
-def test_default_slots_per_example_widen_with_the_layer():
+def test_default_slots_per_example_widen_with_the_layer(on_cpu):
   """max(8k, k + 64), at most r, and with the CPU kernels at least r // 32: 80 for the Table 7
   rows at 1K (the main job's), 312 at 10K (80 on the XLA path), so a wide layer takes the sparse
   step late in the switch; an explicit `max_active` wins, and one below k is refused."""
@@ -266,7 +264,7 @@ def test_slot_tiers_and_class_sum_rows_at_1k_neurons():
 
 @pytest.mark.parametrize("regularizer", [None, "ewc", "si"])
 @pytest.mark.parametrize("switched", ["fully", "partly"])
-def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch):
+def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch, on_cpu):
   """Fast tier: the slot terms on the smallest tier that holds the active units give the same bits
   as on every slot (`sparse._sparse_update`), after the switch (about k units per example: a low
   tier) and partly switched (more), plain and penalised."""

@@ -9,23 +9,36 @@ import pytest
 
 from sdm_jax.engine import forward_cache, models, regularizers, sparse, step_policy, train
 
+# Every test here runs on this machine's platform and under conftest's accelerator stand-in: the
+# policy is the platform's (the sparse step on CPU, the dense step with the platform as its reason
+# elsewhere), and a test of the CPU paths puts itself on the CPU device (`on_cpu`).
+pytestmark = pytest.mark.usefixtures("platform")
 
-def test_the_sparse_step_where_it_is_exact_with_the_reason_where_not():
+
+def test_the_sparse_step_where_it_is_exact_with_the_reason_where_not(platform):
   spec = models.sdmlp(784, 100, 10, k=5)
   policy = step_policy.choose(spec, learning_rate=0.03, clip_norm=0.5)
-  assert policy.sgd == sparse.SparseSGD(0.03, 0.5) and policy.reason is None
-  assert "sparse" in policy.describe() and "forward cache within 2048 MiB" in policy.describe()
-  cases = [
-    (dict(optimizer="adam"), "optimizer 'adam'"),
-    (dict(weight_decay=1e-4), "optimizer 'sgd'"),
-    (dict(train_step="dense"), "train_step 'dense'"),
-    (dict(seed_loop="vmap"), "vmap"),
-    (dict(data_parallel=True), "data-parallel"),
-    (dict(per_model_step=True), "population"),
-    (dict(regularizer=regularizers.RegularizerSpec("ewc", 10.0)), None),
+  elsewhere = f"the {platform} platform"  # the reason off CPU, once the model and optimiser allow it
+  if platform == "cpu":
+    assert policy.sgd == sparse.SparseSGD(0.03, 0.5) and policy.reason is None
+    assert "sparse" in policy.describe() and "forward cache within 2048 MiB" in policy.describe()
+  else:
+    assert policy.sgd is None and elsewhere in policy.reason and policy.describe().startswith("dense (the ")
+  with jax.default_device(jax.devices("cpu")[0]):  # the CPU device decides, on any host
+    assert step_policy.choose(spec, learning_rate=0.03, clip_norm=0.5).sgd == sparse.SparseSGD(0.03, 0.5)
+  cases = [  # (options, the reason on CPU, whether it comes before the platform's)
+    (dict(optimizer="adam"), "optimizer 'adam'", True),
+    (dict(weight_decay=1e-4), "optimizer 'sgd'", True),
+    (dict(train_step="dense"), "train_step 'dense'", True),
+    (dict(seed_loop="vmap"), "vmap", False),
+    (dict(data_parallel=True), "data-parallel", False),
+    (dict(per_model_step=True), "population", False),
+    (dict(regularizer=regularizers.RegularizerSpec("ewc", 10.0)), None, False),
   ]
-  for options, reason in cases:
+  for options, reason, first in cases:
     chosen = step_policy.choose(spec, **options)
+    if platform != "cpu" and not first:
+      reason = elsewhere
     if reason is None:
       assert chosen.sgd is not None, options
     else:
@@ -36,17 +49,22 @@ def test_the_sparse_step_where_it_is_exact_with_the_reason_where_not():
     step_policy.choose(spec, train_step="sparse")
 
 
-def test_both_steps_come_from_one_set_of_optimiser_settings():
-  """`tx()` and `sgd` implement the same clip -> sgd -> projection: one update of each agrees."""
+def test_both_steps_come_from_one_set_of_optimiser_settings(platform):
+  """`tx()` and `sgd` implement the same clip -> sgd -> projection: one update of each agrees. Off
+  CPU there is no `sgd`, and `tx()` is the same chain."""
   spec = models.sdmlp(20, 30, 4, k=3)
   policy = step_policy.choose(spec, learning_rate=0.2, clip_norm=0.7)
   tx = policy.tx()
   params = models.init_params(jax.random.key(0), spec)
   grads = jax.tree.map(lambda a: 5.0 * jnp.ones_like(a), params)  # large: the clip acts
   updates, _ = tx.update(grads, tx.init(params), params)
-  step = policy.sgd.learning_rate * policy.sgd.clip_norm / float(optax.tree.norm(grads))
+  step = 0.2 * 0.7 / float(optax.tree.norm(grads))
   expected = models.project_params(jax.tree.map(lambda p, g: p - step * g, params, grads), spec=spec)
   chex.assert_trees_all_close(optax.apply_updates(params, updates), expected, atol=1e-6)
+  if platform != "cpu":
+    assert policy.sgd is None and step_policy.choose(spec, clip_norm=None).sgd is None
+    return
+  assert (policy.sgd.learning_rate, policy.sgd.clip_norm) == (0.2, 0.7)
   assert step_policy.choose(spec, clip_norm=None).sgd.clip_norm is None
 
 
@@ -86,7 +104,7 @@ def test_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
     assert (schedule.retry_at, schedule.started) == (retry_at, started)
 
 
-def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit():
+def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit(on_cpu):
   """SDMLP+EWC before any consolidation: the unpenalized blocks (no penalty passes) train exactly as
   the penalized ones, dense (fused) and sparse; `run_block` picks them until a slot is filled."""
   spec = models.sdmlp(784, 64, 10, k=4, switch_activations=1e9)

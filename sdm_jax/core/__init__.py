@@ -6,6 +6,7 @@
 - `projection`: the SDM constraint as optax transformations on the marked layers of any tree.
 - `lazy`: optimisers whose state and update freeze for neurons that did not fire.
 - `paths`: marking parameters by path, as the two transformations above take them.
+- `placement`: the platform a computation runs on, the one decision between CPU paths and XLA's.
 """
 
 import types

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from sdm_jax.core import placement
+
 #: How the k-th largest value is found (`kth_largest`); all give the same value.
 ThresholdMethod = Literal["auto", "bisect", "chunked", "peel", "top_k", "sort"]
 #: The values of `ThresholdMethod`, as a tuple.
@@ -194,7 +196,8 @@ def _kth_largest_sort(a: jax.Array, k: jax.Array) -> jax.Array:
 
 
 def resolve_threshold_method(method: str, k_bound: int | None) -> str:
-  """Picks the exact implementation "auto" stands for on this backend.
+  """Picks the exact implementation "auto" stands for on the platform the computation runs on
+  (`placement.platform`: JAX's default device when traced).
 
   CPU: chunk maxima then peeling (one full pass plus small work) for small
   static k bounds, else bisection (`lax.top_k` is slower than either here and
@@ -206,7 +209,7 @@ def resolve_threshold_method(method: str, k_bound: int | None) -> str:
   if method != "auto":
     return method
   small = k_bound is not None and k_bound <= _PEEL_MAX_K
-  if jax.default_backend() == "cpu":
+  if placement.is_cpu():
     return "chunked" if small else "bisect"
   return "top_k" if small else "bisect"
 

@@ -41,6 +41,11 @@ where XLA:CPU gathers then transposes, and transposes then scatters. Pure data m
 same bits as the XLA code.
 Source: `sdm_jax/engine/csrc/sparse_step.cc`.
 
+The targets are registered with XLA:CPU only. Each function refuses, with a ValueError naming the
+platform, to build a call for a computation that runs elsewhere (`placement.require_cpu`: JAX's
+default device, or the device its operands were put on), so a GPU or TPU host reaches them only
+on its CPU device (`with jax.default_device(jax.devices("cpu")[0]):`).
+
 The shared library is compiled on first use with `$CXX` (default `g++`) at -O3
 -march=native into `$SDM_JAX_CACHE_DIR`, else `$XDG_CACHE_HOME/sdm_jax`, else
 `~/.cache/sdm_jax` (`sdm_jax.runs.compilation_cache.cache_root`, which the compiled programs
@@ -70,6 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sdm_jax.core import placement
 from sdm_jax.runs import compilation_cache
 
 _SOURCE = pathlib.Path(__file__).parent / "csrc" / "sparse_step.cc"
@@ -202,7 +208,10 @@ def build_error() -> str | None:
   return _state["error"]
 
 
-def _check_available():
+def _check_available(kernel: str, *operands):
+  """Refuses to build a call of `kernel` for a non-CPU platform (the targets are registered for
+  XLA:CPU only: `placement.require_cpu`), or when the kernels did not build."""
+  placement.require_cpu(f"the sdm_jax CPU kernels (cpu_kernels.{kernel})", *operands)
   if not available():
     raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
 
@@ -218,7 +227,7 @@ def sparse_update(addresses, x, slots, values_sq, *, learning_rate: float, clip_
   or 0: no clipping. Under `jax.vmap` all operands get the batch axis
   (vmap_method="broadcast_all") and the kernel loops over it.
   """
-  _check_available()
+  _check_available("sparse_update", addresses, x)
   return _address_update(
     "sdm_jax_sparse_update",
     (jax.ShapeDtypeStruct(addresses.shape, jnp.float32), jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)),
@@ -259,7 +268,7 @@ def sparse_update_penalized(
   Returns (new addresses, step size, the penalty's value sum A (theta - m)^2 at the old addresses,
   without λ, the row statistics at the new addresses [..., 2, r]).
   """
-  _check_available()
+  _check_available("sparse_update_penalized", addresses, x)
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   return _address_update(
     "sdm_jax_sparse_update_penalized",
@@ -283,7 +292,7 @@ def dense_update(addresses, gradient, values_sq, *, learning_rate: float, clip_n
   with it. `clip_norm` None or 0: no clipping (and no read of G for the norm). Under `jax.vmap`
   all operands get the batch axis (vmap_method="broadcast_all") and the kernel loops over it.
   """
-  _check_available()
+  _check_available("dense_update", addresses, gradient)
   if addresses.ndim < 2 or gradient.shape != addresses.shape or jnp.shape(values_sq) != addresses.shape[:-2]:
     raise ValueError(
       f"expected addresses and gradient [..., n, r], values_sq [...]; got {addresses.shape}, {gradient.shape}, "
@@ -302,7 +311,7 @@ def cache_rows(rows, index):
   """`forward_cache`'s read of a batch: rows [..., N, r] f32, index [..., B] int32 (N or more:
   padding) -> [..., r, B] with [i, b] = rows[index[b], i], 0 for padding; i.e.
   `rows.at[index].get(mode="fill", fill_value=0).T` in one pass (the same bits)."""
-  _check_available()
+  _check_available("cache_rows", rows)
   if rows.ndim < 2 or index.shape[:-1] != rows.shape[:-2]:
     raise ValueError(f"expected rows [..., N, r] and index [..., B], got {rows.shape} and {index.shape}")
   out = jax.ShapeDtypeStruct(rows.shape[:-2] + (rows.shape[-1], index.shape[-1]), jnp.float32)
@@ -315,7 +324,7 @@ def cache_write(rows, a, index):
   (a [..., r, B]) where index[b] < N, the others unchanged; i.e.
   `rows.at[index].set(a.T, mode="drop")` for distinct indices, in one pass, in place when `rows`
   is donated (the same bits)."""
-  _check_available()
+  _check_available("cache_write", rows, a)
   if rows.ndim < 2 or a.shape != rows.shape[:-2] + (rows.shape[-1], index.shape[-1]):
     raise ValueError(
       f"expected rows [..., N, r], a [..., r, B], index [..., B]; got {rows.shape}, {a.shape}, {index.shape}"
@@ -396,7 +405,7 @@ def sparse_update_path_integral(
   elsewhere). `row_stats` as in `sparse_update_penalized`. Returns (new addresses, step size,
   the penalty's value, new w, the row statistics at the new addresses).
   """
-  _check_available()
+  _check_available("sparse_update_path_integral", addresses, x)
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   matrix = jax.ShapeDtypeStruct(addresses.shape, jnp.float32)
   return _address_update(
@@ -422,7 +431,7 @@ def top_values_and_indices(a, m: int):
   """`layers.top_values_and_indices(a, m, axis=0)` on CPU: a [..., r, B] non-negative f32
   (neuron-major) -> (values [..., B, m] descending, indices [..., B, m] int32), exact, ties
   counted with multiplicity (the lower index first). Gradient-stopped."""
-  _check_available()
+  _check_available("top_values_and_indices", a)
   if a.ndim < 2 or not 1 <= m <= a.shape[-2]:
     raise ValueError(f"expected a [..., r, B] with 1 <= m <= r, got shape {a.shape}, m={m}")
   batch_shape = a.shape[:-2] + (a.shape[-1], m)
@@ -445,7 +454,7 @@ def active_units(a, lam, *, k: int, num_slots: int):
   active units (more than `num_slots` means some were dropped). No capacity per example: the
   units of one example may fill any share of the slots. Gradient-stopped.
   """
-  _check_available()
+  _check_available("active_units", a)
   if a.ndim < 2 or lam.shape != a.shape[:-1] or not (num_slots >= 1 and k + 1 <= a.shape[-2]):
     raise ValueError(
       f"expected a [..., r, B], lam [..., r], k + 1 <= r, num_slots >= 1; got {a.shape}, "

@@ -28,7 +28,7 @@ The GABA counters, the step counter and the stats tuple are `train.train_step`'s
 models and regularisers the sparse step takes (`sparse.eligible(spec, optimizer="sgd", ...)`:
 SDM constraint, no biases, no dropout, a fixed-k schedule) with no regulariser or EWC, MAS or L2
 (their penalty is in the gradient); SI's path integral is refused (`ineligibility`): it stays on
-`train.train_step`. Where the kernel is not used (`sgd.address_kernel()` is "xla": not the CPU
+`train.train_step`. Where the kernel is not used (`sgd.address_kernel()` is "xla": not a CPU
 backend, no C++ compiler, or `SparseSGD(kernel="xla")`) the step is `train.train_step` with the
 equivalent optax chain (`optimizer`), so it is correct everywhere. `tests/fused_dense_test.py`
 checks it against `train.train_step` (max |difference| ~1e-7 on the params after 10 steps);

@@ -78,7 +78,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.core import sdm_layer, topk
+from sdm_jax.core import placement, sdm_layer, topk
 from sdm_jax.engine import cpu_kernels, models, regularizers
 
 
@@ -114,8 +114,8 @@ class SparseSGD(NamedTuple):
 
   `kernel` picks how the selection and the address update run: "auto" (default) the C++ FFI
   kernels (`cpu_kernels.active_units` and `cpu_kernels.sparse_update`: no touched capacity)
-  when the default backend is CPU and they build, else XLA; "xla" always the XLA paths; "ffi"
-  the kernels or an error (see `address_kernel`).
+  when the computation runs on a CPU device (`placement.platform`) and they build, else XLA;
+  "xla" always the XLA paths; "ffi" the kernels or an error (see `address_kernel`).
   """
 
   learning_rate: float
@@ -127,22 +127,22 @@ class SparseSGD(NamedTuple):
   def address_kernel(self) -> str:
     """The kernels this step uses: "ffi" (`cpu_kernels`) or "xla".
 
-    `kernel` "auto" (default): "ffi" when the default backend is CPU and the kernel built
-    (`cpu_kernels.available()`), else "xla" (GPU/TPU, or no C++ compiler: one warning).
-    "xla" forces the XLA paths (`max_touched` applies only to them); "ffi" forces the
-    kernel and raises if it is unavailable.
+    `kernel` "auto" (default): "ffi" when the computation runs on a CPU device
+    (`placement.platform`) and the kernel built (`cpu_kernels.available()`), else "xla" (GPU/TPU,
+    or no C++ compiler: one warning). "xla" forces the XLA paths (`max_touched` applies only to
+    them); "ffi" forces the kernels: ValueError on another platform (naming it), RuntimeError if
+    they did not build, before anything is compiled.
     """
     if self.kernel not in KERNELS:
       raise ValueError(f"SparseSGD.kernel must be one of {KERNELS}, got {self.kernel!r}")
     if self.kernel == "xla":
       return "xla"
-    if self.kernel == "auto" and jax.default_backend() != "cpu":
-      return "xla"
-    if cpu_kernels.available():
-      return "ffi"
     if self.kernel == "ffi":
-      raise RuntimeError(f"SparseSGD(kernel='ffi'): the CPU kernel is unavailable: {cpu_kernels.build_error()}")
-    return "xla"
+      placement.require_cpu("SparseSGD(kernel='ffi'): the sparse step's C++ kernels")
+      if not cpu_kernels.available():
+        raise RuntimeError(f"SparseSGD(kernel='ffi'): the CPU kernel is unavailable: {cpu_kernels.build_error()}")
+      return "ffi"
+    return "ffi" if placement.is_cpu() and cpu_kernels.available() else "xla"
 
   def capacity(self, spec: models.ModelSpec) -> int:
     """Mean active units per example the slots hold (`max_active`)."""

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sdm_jax.core import placement
 from sdm_jax.engine import forward_cache, fused_dense, models, optimizers, regularizers, sparse, train
 
 #: The forward caches' memory budget in bytes (2 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
@@ -272,6 +273,8 @@ def choose(
 ) -> StepPolicy:
   """The policy of a run: the sparse step wherever it is exact and pays, else the dense step.
 
+  The sparse step pays on a CPU device only (`placement.platform`: JAX's default device, where the
+  run's models are put): on GPU/TPU the policy is dense, with the platform as its reason.
   `train_step` "dense" forces the dense step; `seed_loop` the loop over models
   (`train.resolve_seed_loop`: the sparse step pays only under `lax.map`, where its `lax.cond`s run
   one branch); `data_parallel`: a mesh splits each batch over devices (the sparse step is one
@@ -286,6 +289,9 @@ def choose(
     reason = "train_step 'dense'"
   else:
     reason = sparse.ineligibility(spec, optimizer=optimizer, weight_decay=weight_decay, regularizer=regularizer)
+  if reason is None and not placement.is_cpu():
+    where = placement.platform()
+    reason = f"the {where} platform (the sparse step is a CPU path)"
   if reason is None and train.resolve_seed_loop(seed_loop) != "map":
     reason = "models under vmap (lax.cond runs both branches: no gain)"
   if reason is None and data_parallel:

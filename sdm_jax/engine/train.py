@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from sdm_jax.runs import mesh as mesh_lib
-from sdm_jax.core import sdm_layer
+from sdm_jax.core import placement, sdm_layer
 from sdm_jax.engine import forward_cache, metrics, models, regularizers, sparse
 
 
@@ -491,7 +491,7 @@ SEED_LOOPS = ("auto", "vmap", "map")
 
 
 def resolve_seed_loop(seed_loop: str) -> str:
-  """ "auto" = `lax.map` on CPU, `vmap` elsewhere.
+  """ "auto" = `lax.map` on CPU, `vmap` elsewhere (`placement.platform`: JAX's default device).
 
   On XLA:CPU a vmapped matmul becomes a batched dot_general that runs ~1.6x
   slower than the plain one, even for one seed (benchmarks/README.md);
@@ -501,7 +501,7 @@ def resolve_seed_loop(seed_loop: str) -> str:
   if seed_loop not in SEED_LOOPS:
     raise ValueError(f"seed_loop must be one of {SEED_LOOPS}, got {seed_loop!r}")
   if seed_loop == "auto":
-    return "map" if jax.default_backend() == "cpu" else "vmap"
+    return "map" if placement.is_cpu() else "vmap"
   return seed_loop
 
 
