@@ -52,6 +52,40 @@ def test_the_inventory_sees_what_is_missing(tmp_path, monkeypatch):
   assert api_inventory.undocumented("docpkg") == ["docpkg.mod.A", "docpkg.mod.f", "docpkg.mod.K"]
 
 
+def test_the_inventory_sees_fields_signatures_and_parameters_left_undescribed(tmp_path, monkeypatch):
+  """Broken on purpose, it fails: a NamedTuple field without a doc (the API page would read "Alias
+  for field number 1"), a class whose metaclass hides `__init__` behind (*args, **kwargs) and whose
+  `__init__` does too, and `Args:` entries shared by two parameters, cut short mid-sentence, or
+  naming no parameter. A metaclass that hides a real `__init__` (Flax NNX's) is fine: its page
+  shows `__init__`'s parameters (`api_inventory.class_signature`)."""
+  package = tmp_path / "fieldpkg"
+  package.mkdir()
+  (package / "__init__.py").write_text('"""A package."""\n')
+  (package / "mod.py").write_text(
+    '"""A module."""\n\n'
+    "from typing import NamedTuple\n\n\n"
+    'class Meta(type):\n  """Calls."""\n\n  def __call__(cls, *args, **kwargs):\n    return super().__call__(*args, **kwargs)\n\n\n'
+    'class Point(NamedTuple):\n  """A point."""\n\n  #: Across.\n  x: float\n  y: float\n  z: float = 0.0\n  """Up."""\n\n\n'
+    'class Layer(metaclass=Meta):\n  """A layer.\n\n  Args:\n    width: how wide.\n  """\n\n'
+    "  def __init__(self, width: int):\n    self.width = width\n\n\n"
+    'class Opaque(metaclass=Meta):\n  """Takes anything."""\n\n  def __init__(self, *args, **kwargs):\n    pass\n\n\n'
+    'def f(a, b, c, d):\n  """Does f.\n\n  Args:\n    a, b: two at once.\n    c: a sentence that stops at\n      the second line, or\n'
+    '    d: fine (closed).\n    e: not a parameter.\n  """\n'
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  missing = api_inventory.undocumented("fieldpkg")
+  assert missing == [
+    "fieldpkg.mod.Point.y (a field without a doc)",
+    "fieldpkg.mod.Opaque (signature (*args, **kwargs): give __init__ its parameters)",
+    "fieldpkg.mod.f (parameters a, b share one description: give each its own)",
+    "fieldpkg.mod.f (the description of c is cut short: '...tops at the second line, or')",
+    "fieldpkg.mod.f (parameter e is described but not in the signature)",
+  ], missing
+  import fieldpkg.mod
+
+  assert str(api_inventory.class_signature(fieldpkg.mod.Layer)) == "(width: int)"
+
+
 def test_plain_docstrings_become_valid_rest():
   """Lists right under a sentence get their blank line, `|` and lone `*` are escaped outside code,
   `::` blocks are left alone."""

@@ -45,21 +45,16 @@ def test_ci_runs_the_readmes_test_command():
 
 
 def test_the_readme_is_a_quickstart():
-  """At most 200 lines, none over 100 characters but the two opening commands (kept on one line
-  each, as CI runs them), no commit hashes and no dates (they belong in the results READMEs and
-  benchmarks/README.md)."""
-  lines = README.splitlines()
-  assert len(lines) <= 200
-  long = [line for line in lines if len(line) > 100 and line not in (MAIN_JOB, TESTS)]
-  assert not long, long
+  """At most 200 lines, no commit hashes and no dates (history belongs in the results READMEs and
+  benchmarks/README.md). Its numbers are checked where they are made: the main job's accuracy by
+  the slow test below, the examples' outputs by the tests that run them."""
+  assert len(README.splitlines()) <= 200
   hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", README) if re.search(r"\d", w) and re.search(r"[a-f]", w)]
   assert not hashes, hashes
   assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", README)
 
 
-def test_the_readme_states_the_timings_and_links_the_docs():
-  for claim in ("1-2 minutes", "about 35 s", "0.4458", "about 13 minutes", "about 3.5 minutes"):
-    assert claim in README
+def test_the_readmes_links_lead_somewhere():
   for link in re.findall(r"\]\((docs/[^)#]+)", README):
     assert (ROOT / link).exists(), link
 

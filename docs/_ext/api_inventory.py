@@ -151,14 +151,148 @@ def public_names(module_name: str) -> list[Name]:
 
 
 def undocumented(package: str = "sdm_jax") -> list[str]:
-  """`module.name` for every public name without a docstring, and every module without one."""
+  """`module.name` for every public name without a docstring, and every module without one; for
+  each public class defined in the package, its fields without a doc (`undocumented_fields`), a
+  signature that says nothing (`class_signature`), and its and each public function's parameter
+  descriptions that are cut short or shared (`parameter_problems`)."""
   missing = []
   for module_name in modules(package):
     module = importlib.import_module(module_name)
     if not (module.__doc__ or "").strip():
       missing.append(f"{module_name} (module docstring)")
-    missing += [f"{n.module}.{n.name}" for n in public_names(module_name) if not n.documented]
+    names = public_names(module_name)
+    missing += [f"{n.module}.{n.name}" for n in names if not n.documented]
+    for n in names:
+      if n.origin != module_name or n.kind not in ("class", "function"):
+        continue
+      obj = getattr(module, n.name)
+      where = f"{n.module}.{n.name}"
+      if n.kind == "class":
+        missing += [f"{where}.{field} (a field without a doc)" for field in undocumented_fields(obj)]
+        if _says_nothing(class_signature(obj)):
+          missing.append(f"{where} (signature (*args, **kwargs): give __init__ its parameters)")
+      missing += [f"{where} ({problem})" for problem in parameter_problems(obj)]
   return missing
+
+
+def class_signature(cls: type) -> inspect.Signature | None:
+  """The signature a class is called with. A metaclass whose `__call__` takes (*args, **kwargs)
+  (Flax NNX's modules and variables) hides `__init__`'s parameters from `inspect.signature(cls)`:
+  then `__init__`'s, without `self`. None where Python cannot tell."""
+  try:
+    signature = inspect.signature(cls)
+  except (TypeError, ValueError):
+    return None
+  if _says_nothing(signature):
+    try:
+      init = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+      return signature
+    parameters = list(init.parameters.values())[1:]
+    return init.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
+  return signature
+
+
+def _says_nothing(signature: inspect.Signature | None) -> bool:
+  """Whether a signature is only (*args, **kwargs)."""
+  if signature is None:
+    return False
+  kinds = [p.kind for p in signature.parameters.values()]
+  return bool(kinds) and set(kinds) <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+
+
+def undocumented_fields(cls: type) -> list[str]:
+  """A NamedTuple's fields with neither a docstring nor a `#:` comment in the class body (Python
+  gives each field the doc "Alias for field number N", which is what the API page would show)."""
+  if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+    return []
+  documented = _class_attribute_docs(cls)
+  return [
+    f
+    for f in cls._fields
+    if f not in documented and (getattr(cls, f).__doc__ or "").startswith("Alias for field number")
+  ]
+
+
+def _class_attribute_docs(cls: type) -> set[str]:
+  """The names a class body assigns with a docstring after them or a `#:` comment (the forms
+  Sphinx's autodoc reads)."""
+  try:
+    source = inspect.getsource(cls)
+  except (OSError, TypeError):
+    return set()
+  import textwrap
+
+  lines = textwrap.dedent(source).splitlines()
+  body = ast.parse("\n".join(lines)).body[0].body
+  documented = set()
+  for i, node in enumerate(body):
+    targets = _targets(node)
+    following = body[i + 1] if i + 1 < len(body) else None
+    after = (
+      isinstance(following, ast.Expr)
+      and isinstance(following.value, ast.Constant)
+      and isinstance(following.value.value, str)
+    )
+    above = node.lineno >= 2 and lines[node.lineno - 2].lstrip().startswith("#:")
+    if targets and (after or above or "#:" in lines[node.lineno - 1]):
+      documented.update(targets)
+  return documented
+
+
+#: An `Args:` entry: its indent, the name(s) before the colon, and the description's first line.
+_ARG_ENTRY = re.compile(r"^(\s*)([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_][\w]*)*)(?:\s*\([^)]*\))?:(?:\s+(.*))?$")
+#: How a complete description ends: a sentence's end, a closing bracket or code.
+_ENDS_A_SENTENCE = (".", "!", "?", ")", "`", '"', "]")
+
+
+def parameter_problems(obj) -> list[str]:
+  """The `Args:` section of a function's or class's docstring (Google style): an entry that
+  describes several parameters at once, one cut short (its text does not end a sentence), or one
+  that names no parameter of the signature."""
+  doc = inspect.getdoc(obj) or ""
+  lines = doc.splitlines()
+  try:
+    start = next(i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:"))
+  except StopIteration:
+    return []
+  signature = class_signature(obj) if inspect.isclass(obj) else _signature(obj)
+  names = set(signature.parameters) if signature is not None else None
+  entries: list[tuple[str, list[str]]] = []
+  indent = None
+  for line in lines[start + 1 :]:
+    if not line.strip():
+      if entries:
+        entries[-1][1].append("")
+      continue
+    here = len(line) - len(line.lstrip())
+    if indent is None:
+      indent = here
+    if here < indent:
+      break
+    match = _ARG_ENTRY.match(line) if here == indent else None
+    if match:
+      entries.append((match.group(2), [match.group(3) or ""]))
+    elif entries:
+      entries[-1][1].append(line.strip())
+  problems = []
+  for name, text in entries:
+    description = " ".join(t for t in text if t).strip()
+    if "," in name:
+      problems.append(f"parameters {name} share one description: give each its own")
+    elif names is not None and name not in names:
+      problems.append(f"parameter {name} is described but not in the signature")
+    if not description.endswith(_ENDS_A_SENTENCE):
+      tail = description if len(description) <= 30 else "..." + description[-27:].lstrip()
+      problems.append(f"the description of {name} is cut short: {tail!r}")
+  return problems
+
+
+def _signature(obj) -> inspect.Signature | None:
+  try:
+    return inspect.signature(obj)
+  except (TypeError, ValueError):
+    return None
 
 
 _LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+\.)\s+\S")

@@ -8,8 +8,10 @@ When the build starts it writes, from the code itself:
   (`experiments/config_docs.py`, the base config, the schema's constants);
 - `_generated/readme_*.py`: the README's Python examples, which the guide includes (one copy).
 
-It warns, so that `sphinx -W` fails, on a public name without a docstring and on a config field
-without a description (or a description of a field that does not exist).
+It warns, so that `sphinx -W` fails, on a public name without a docstring, a NamedTuple field
+without a doc, a public class whose signature would read `(*args, **kwargs)`, a parameter
+description that is cut short or shared by several parameters (`api_inventory.undocumented`), and
+on a config field without a description (or a description of a field that does not exist).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 
 from sphinx.application import Sphinx
 from sphinx.util import logging
+from sphinx.util.inspect import stringify_signature
 
 import api_inventory
 
@@ -160,11 +163,23 @@ def _process_docstring(app, what, name, obj, options, lines: list[str]) -> None:
   lines[:] = api_inventory.plain_docstring(lines)
 
 
+def _class_signature(app, what, name, obj, options, signature, return_annotation):
+  """A class whose metaclass takes (*args, **kwargs) (Flax NNX modules and variables) shows its
+  `__init__`'s parameters (`api_inventory.class_signature`), not `(*args: Any, **kwargs: Any)`."""
+  if what != "class" or not signature or "*args" not in signature:
+    return None
+  real = api_inventory.class_signature(obj)
+  if real is None or api_inventory._says_nothing(real):
+    return None
+  return stringify_signature(real), None
+
+
 def check(app: Sphinx) -> None:
-  """Warn (an error under -W) for each public name without a docstring and each config field
+  """Warn (an error under -W) for each public name without a docstring (or field, signature or
+  parameter description: `api_inventory.undocumented`) and each config field
   without a description."""
   for name in api_inventory.undocumented("sdm_jax"):
-    logger.warning(f"public name without a docstring: {name}", type="sdm_docs", subtype="docstring")
+    logger.warning(f"undocumented: {name}", type="sdm_docs", subtype="docstring")
   from experiments import config_docs
   from experiments.configs import split_mnist
 
@@ -220,4 +235,5 @@ def setup(app: Sphinx) -> dict:
   app.connect("warn-missing-reference", _quiet_in_docstrings)
   app.connect("builder-inited", generate)
   app.connect("autodoc-process-docstring", _process_docstring, priority=400)  # before napoleon
+  app.connect("autodoc-process-signature", _class_signature)
   return {"version": "1", "parallel_read_safe": True}

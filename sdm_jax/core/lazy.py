@@ -92,6 +92,8 @@ def _freeze_inactive(inner: optax.GradientTransformation, active, new_state, old
 class LazyState(NamedTuple):
   """State of `lazy`: the wrapped transformation's state."""
 
+  #: The state of the wrapped transformation `inner`; its params-shaped parts stay frozen wherever
+  #: the activity mask is False.
   inner_state: optax.OptState
 
 
@@ -127,8 +129,13 @@ def lazy(
 class ScaleByAdamPerElementCountState(NamedTuple):
   """Adam moments plus a step count per element (shaped like the params, int32)."""
 
+  #: Adam's step t per element (int32, shaped like the params): the bias correction's count, frozen
+  #: with the moments under `lazy`.
   count: optax.Updates
+  #: The first moment, the decaying mean of the gradients (decay b1), shaped like the params.
   mu: optax.Updates
+  #: The second moment, the decaying mean of the squared gradients (decay b2), shaped like the
+  #: params.
   nu: optax.Updates
 
 
@@ -199,7 +206,9 @@ def lazy_adam(
 
   Args:
     learning_rate: a float or an optax schedule (its count is global).
-    b1, b2, eps: Adam's hyperparameters.
+    b1: Adam's decay rate of the first moment (optax.adam's b1).
+    b2: Adam's decay rate of the second moment (optax.adam's b2).
+    eps: Adam's constant added to the denominator (optax.adam's eps).
     per_neuron_count: True (default): the bias-correction count is frozen with
       the moments, so it counts the batches in which each neuron fired.
       False: optax.adam's global count, advancing every step (LazyAdam / SparseAdam).
@@ -239,7 +248,7 @@ def layer_activity(addresses: str | Sequence[str], values: str | Sequence[str] |
   Args:
     addresses: path strings of the SDM layers ("sdm", "head/sdm", or a sequence of them). Neuron j
       of a layer fired iff its address column (kernel[..., j] of every leaf under the path but a
-      bias) or its bias entry has a nonzero gradient;
+      bias) or its bias entry has a nonzero gradient.
     values: their value layers' paths, one per address layer in the same order (or None): a
       neuron's value row (kernel[j, ...]) counts too, and gets the neuron's mask.
 

@@ -8,14 +8,17 @@ Synopsis::
         self.conv = nnx.Conv(1, 16, (3, 3), rngs=rngs)
         self.sdm = nnx_layer.SDM(16 * 28 * 28, 1000, k=10, switch_epochs=5, dataset_size=60_000, rngs=rngs)
         self.out = nnx.Linear(1000, 10, use_bias=False, rngs=rngs)
-      def __call__(self, x):
-        return self.out(self.sdm(nnx.relu(self.conv(x))))
+      def __call__(self, x):                                  # x [batch, 28, 28, 1]
+        h = nnx.relu(self.conv(x)).reshape(len(x), -1)        # the layer takes [..., features]: flatten
+        return self.out(self.sdm(h))
 
     net = Net(nnx.Rngs(0))
-    tx = optax.chain(optax.sgd(0.05), nnx_layer.projection(net))   # unit-norm addresses, >= 0
-    optimizer = nnx.Optimizer(net, tx, wrt=nnx.Param)                # the counters are not Params
-    # in an nnx.jit step: loss, grads = nnx.value_and_grad(loss_fn)(net); optimizer.update(net, grads)
-    # the forward pass in training mode advanced net.sdm.counts; net.eval() freezes them.
+    tx = optax.chain(optax.sgd(0.05), nnx_layer.projection(net, values="out"))  # addresses >= 0, unit norm; out >= 0
+    optimizer = nnx.Optimizer(net, tx, wrt=nnx.Param)                          # the counters are not Params
+    loss = lambda net, x, y: optax.softmax_cross_entropy_with_integer_labels(net(x), y).mean()
+    step = nnx.jit(lambda net, optimizer, x, y: optimizer.update(net, nnx.grad(loss)(net, x, y)))
+    step(net, optimizer, x, y)     # a training-mode forward pass advances net.sdm.counts
+    net.eval()                     # evaluation mode: the counters stay frozen
 
 `SDM.__call__` is `sdm_layer.apply` (one implementation with the built-in SDMLP of
 `sdm_jax.engine.models`); see `sdm_layer` for the equations (Eq. 4, App. B.3's Eq. 12).
@@ -51,11 +54,16 @@ class SDM(nnx.Module):
       or "flat" (k from the start).
     inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
       Table 2). The GABA switch always subtracts.
-    switch_activations: T of Eq. 12 as a firing count, or
-    switch_epochs, dataset_size: T = switch_epochs x dataset_size: a neuron that fires for every
-      example reaches λ = 0 at switch_epochs / 2 and +1 (full Top-K) at switch_epochs. One of the
-      two is needed by "gaba"; the paper's ConvSDM has T = 10 epochs of CIFAR-10.
-    k_max, k_transition_epochs: the linear schedule's start (default: neurons) and length s (Eq. 4).
+    switch_activations: T of Eq. 12 as a firing count: a neuron that fires for every example
+      reaches λ = 0 after T / 2 examples and +1 (full Top-K) after T. "gaba" needs T, given either
+      here or as `switch_epochs` with `dataset_size`.
+    switch_epochs: T in epochs, T = switch_epochs x dataset_size (the paper's ConvSDM has T = 10
+      epochs of CIFAR-10; the Split MNIST runs, half the first task's epochs). Use with
+      `dataset_size`, instead of `switch_activations`.
+    dataset_size: the examples in one epoch, counted as the layer counts firings (one per row of
+      its input), for `switch_epochs`.
+    k_max: the linear schedule's starting k (Eq. 4; default: neurons).
+    k_transition_epochs: the linear schedule's length s in epochs (Eq. 4).
     positive: ReLU the input, and keep weights >= 0 (`projection`); Dale's principle, App. A.5.
     l2_norm: unit L2 norm per input example, and unit-norm addresses (`projection`); App. A.5.
     use_bias: add a bias (an ablation; SDM has none).

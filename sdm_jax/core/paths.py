@@ -2,9 +2,10 @@
 
 Synopsis::
 
+    params = {"head": {"sdm": {"kernel": w}}, "out": {"kernel": v}}
     paths.mask("head/sdm", params, "addresses")                # True on every leaf under params['head']['sdm']
-    paths.mask(["sdm", "out/kernel"], params, "values")        # a sequence of paths marks several
-    paths.mask(lambda p: {"sdm": {"kernel": True}, "out": {"kernel": False}}, params, "addresses")
+    paths.mask(["head/sdm", "out/kernel"], params, "values")   # a sequence of paths marks several
+    paths.mask(lambda p: {"head": {"sdm": {"kernel": True}}, "out": {"kernel": False}}, params, "addresses")
 
 A mark is one of:
 

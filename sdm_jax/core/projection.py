@@ -2,7 +2,7 @@
 
 Synopsis::
 
-    tx = optax.chain(optax.sgd(0.05), projection.sdm_projection("sdm", nonnegative="out"))
+    tx = optax.chain(optax.sgd(0.05), projection.sdm_projection("sdm", values="out"))
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)   # 'sdm': >= 0, unit-norm addresses; 'out': >= 0
 

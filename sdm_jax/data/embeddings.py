@@ -64,8 +64,10 @@ def save_embeddings(
 
   Args:
     path: the `.npz` to write.
-    train_embeddings, test_embeddings: float [N, D].
-    train_labels, test_labels: int [N].
+    train_embeddings: the training set's embeddings, float [N, D].
+    train_labels: the training set's labels, int [N].
+    test_embeddings: the test set's embeddings, float [M, D] (the same D).
+    test_labels: the test set's labels, int [M].
     meta: must hold `META_KEYS`; stored as JSON.
 
   Returns:

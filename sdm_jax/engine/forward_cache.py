@@ -62,15 +62,21 @@ class ForwardCache(NamedTuple):
   updated_at: [r] int32, the step at which each neuron's address last changed, -1 before any.
   """
 
+  #: [N, r] float32: relu(X_a x) of each of the task's N training examples at its last visit.
   activations: jax.Array
+  #: [N] int32: the step counter (`TrainState.step`) of each example's last visit; -1 before the
+  #: first.
   visited_at: jax.Array
+  #: [r] int32: the step at which each neuron's address last changed; -1 before any.
   updated_at: jax.Array
 
 
 class Carried(NamedTuple):
   """A block's state with the forward cache of its task, handed from one block to the next."""
 
+  #: The block's training state (`train.TrainState`; stacked over the models outside the block).
   state: Any
+  #: The forward cache of the block's task, for the task's next block (stacked like `state`).
   cache: ForwardCache
 
 

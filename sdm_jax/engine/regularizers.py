@@ -536,7 +536,9 @@ def consolidate(
   Args:
     reg_state: the current state.
     params: the parameters at the end of the finished task (become θ*).
-    x, y, size: the finished task's padded training data and valid row count.
+    x: the finished task's training inputs, padded to the task arrays' shape.
+    y: their labels, padded the same way.
+    size: the number of valid (unpadded) rows of `x` and `y`.
     key: shuffles the importance loader (EWC reference Fisher, MAS) / samples labels.
     method: "l2", "ewc", "mas" or "si".
     logits_fn: the model in eval mode, `logits_fn(params, x) -> logits` (EWC, MAS).

@@ -118,10 +118,18 @@ class SparseSGD(NamedTuple):
   "xla" always the XLA paths; "ffi" the kernels or an error (see `address_kernel`).
   """
 
+  #: The SGD learning rate of the address and output (value) updates.
   learning_rate: float
+  #: optax.clip_by_global_norm's bound on the whole gradient's norm; None (or 0): no clipping.
   clip_norm: float | None = 1.0
+  #: The mean number of active units per example the slots hold (B * max_active slots per batch);
+  #: None: the default of `capacity` (at least k, at most the neurons).
   max_active: int | None = None
+  #: How the XLA path updates the address rows: 0 one scatter-add row per slot, n > 0 the compact
+  #: path over at most n distinct neurons, None the choice by layer size (`touched_capacity`).
   max_touched: int | None = None
+  #: Where the selection and the address update run: "auto", "xla" or "ffi" (`KERNELS`,
+  #: `address_kernel`).
   kernel: str = "auto"
 
   def address_kernel(self) -> str:
@@ -226,12 +234,21 @@ class Penalty(NamedTuple):
   within an epoch, where only the sparse step changes the addresses); invalid at first.
   """
 
+  #: A of the hidden kernel, the folded quadratic's curvature, neuron-major [r, n].
   address_curvature: jax.Array
+  #: m of the hidden kernel, the folded quadratic's center, neuron-major [r, n].
   address_center: jax.Array
+  #: bool [r]: the address rows whose A is not all zero (only they are read and moved).
   rows: jax.Array
+  #: A of the output kernel, [r, classes].
   values_curvature: jax.Array
+  #: m of the output kernel, [r, classes].
   values_center: jax.Array
+  #: R, the folded quadratic's constant: Σ_s Ω_s (θ*_s − m)² summed to a scalar
+  #: (`regularizers.RegState`).
   offset: jax.Array
+  #: (stats [2, r], valid bool []): each address row's |2 λ A (θ − m)|² and A (θ − m)² summed, at
+  #: the current addresses, from the last step's update pass; invalid at first.
   row_stats: tuple[jax.Array, jax.Array]
 
 
@@ -379,15 +396,24 @@ class SlotTerms(NamedTuple):
   """What a step takes from its slots (`_slot_terms`). Every field has the same shape whatever
   the tier: `d` and `si_d` are [S], all the slots, zero past the active units."""
 
-  loss: jax.Array  # the batch-mean cross-entropy (before a penalty)
+  #: The batch-mean cross-entropy over the valid examples (before a penalty).
+  loss: jax.Array
+  #: The number of the batch's valid examples whose argmax logit is the label.
   correct: jax.Array
-  d: jax.Array  # d a* per slot
-  d_values: jax.Array  # d X_v [r, classes] of the data loss (+ SI's, reference variant; + a penalty's)
-  si_d: jax.Array | None  # SI's path-integral d a* per slot
+  #: d a* per slot [S] of the data loss (+ SI's, reference variant), zero past the active units.
+  d: jax.Array
+  #: d X_v [r, classes] of the data loss (+ SI's, reference variant; + a penalty's).
+  d_values: jax.Array
+  #: SI's path-integral d a* per slot [S], zero past the active units; None without SI.
+  si_d: jax.Array | None
+  #: SI's path-integral d X_v [r, classes]; None without SI.
   si_d_values: jax.Array | None
+  #: The GABA counters [r] with the batch's firings added (unchanged unless k_schedule is "gaba").
   gaba_counts: jax.Array
-  activity: jax.Array  # summed a* per neuron [r]
-  active: jax.Array  # the number of active units
+  #: Summed a* per neuron [r] over the batch.
+  activity: jax.Array
+  #: The number of active units (slots with a* > 0) in the batch, as a float32 scalar.
+  active: jax.Array
 
 
 def _slot_terms(values_kernel, gaba_counts, penalty, slots, y, valid, *, spec, regularizer, num_slots):

@@ -81,10 +81,15 @@ class Trace(NamedTuple):
     v: raw second moment (Adam v_t, RMSProp v_t; zeros for SGDM).
   """
 
+  #: Δ_t, the step before the learning rate (θ_t = θ_{t-1} − λ Δ_t).
   update: np.ndarray
+  #: SGDM: the momentum buffer; Adam: m̂_t = m_t/(1−β1); RMSProp: g_t.
   numerator: np.ndarray
+  #: SGDM: 1; Adam: sqrt(v̂_t) = sqrt(v_t/(1−β2)); RMSProp: sqrt(v_t) (the toy figure's panel (b)).
   denominator: np.ndarray
+  #: The raw first moment (SGDM's buffer, Adam's m_t; zeros for RMSProp, which has none).
   m: np.ndarray
+  #: The raw second moment (Adam's v_t, RMSProp's v_t; zeros for SGDM).
   v: np.ndarray
 
 
@@ -126,7 +131,10 @@ def simulate(
     optimizer: "sgdm", "adam" or "rmsprop".
     grads: array [T, ...]; time is the leading axis, any trailing axes are
       independent weights simulated side by side (used to sweep gaps at once).
-    gamma, beta1, beta2, alpha: the appendix's hyperparameters.
+    gamma: SGDM's momentum (the appendix's γ, `GAMMA`).
+    beta1: Adam's first-moment decay (β1, `BETA1`).
+    beta2: Adam's second-moment decay (β2, `BETA2`).
+    alpha: RMSProp's second-moment decay (α, `ALPHA`).
     eps: 0 reproduces the paper's equations; 1e-8 the notebook (added to the root).
     lazy: the "sparse optimizer" the paper leaves to future work (sdm_jax/core/lazy.py
       for real models): on a step whose gradient is exactly 0 the state is

@@ -78,10 +78,15 @@ RETRY_BLOCKS = 2
 class OptimizerSettings(NamedTuple):
   """The optimiser both steps implement (`optimizers.make_optimizer`'s arguments)."""
 
+  #: The optimiser's name, one of `optimizers.OPTIMIZERS` (only "sgd" lets the sparse step run).
   name: str = "sgd"
+  #: The learning rate of both steps.
   learning_rate: float = 0.05
+  #: optax.clip_by_global_norm's bound on the whole gradient's norm; None (or 0): no clipping.
   clip_norm: float | None = 1.0
+  #: The momentum of "sgdm" and "lazy_sgdm" (torch convention); the other optimisers ignore it.
   momentum: float = 0.9
+  #: AdamW's weight decay; nonzero rules out the sparse step.
   weight_decay: float = 0.0
 
 
@@ -99,12 +104,21 @@ class Schedule(NamedTuple):
   resumed run starts with an empty cache (exact: `forward_cache`).
   """
 
+  #: Whether the sparse step has run a block exactly at least once.
   started: bool = False
+  #: The most active units per example in the last block's last epoch; None before the first block.
   active_last: float | None = None
+  #: The block index before which no try of the sparse step is made (`RETRY_BLOCKS` after a miss).
   retry_at: int = 0
+  #: The task in which the forward cache was last found not to pay (`CACHE_PAYS_BELOW`); -1: none.
   uncached_task: int = -1
+  #: The block index before which `uncached_task`'s blocks run without the cache
+  #: (`CACHE_RETRY_BLOCKS`).
   cache_retry_at: int = 0
+  #: The forward cache the last block left (stacked over the models), not saved in checkpoints;
+  #: None after a dense block.
   cache: forward_cache.ForwardCache | None = None
+  #: The task whose next block may take over `cache`; -1 when there is none.
   cache_task: int = -1
 
 
@@ -116,11 +130,20 @@ class Blocks(NamedTuple):
   `unpenalized`: the same without the regulariser, for blocks before its first consolidation,
   whose penalty is exactly zero (EWC, MAS, L2 on a step that may skip it; else None)."""
 
+  #: The block on the dense step (`fused_dense.train_step` where it applies).
   dense: Callable
+  #: The block on the sparse step, with the forward cache when the policy has a budget; None when
+  #: the policy is dense.
   sparse: Callable | None
+  #: The mean active units per example the sparse step's slots hold (`SparseSGD.capacity`); 0 when
+  #: dense.
   capacity: int
+  #: The same blocks without the regulariser, for blocks before its first consolidation, whose
+  #: penalty is exactly zero (EWC, MAS, L2 on a step that may skip it); else None.
   unpenalized: "Blocks | None" = None
+  #: The sparse block without the forward cache; None when the policy has no cache.
   uncached: Callable | None = None
+  #: The sparse block that returns its cache for the task's next block; None without a cache.
   carrying: Callable | None = None
 
 
@@ -132,10 +155,16 @@ class StepPolicy(NamedTuple):
   (`DEFAULT_CACHE_BYTES`; 0: the sparse step computes its forward densely); `spec`: the model.
   """
 
+  #: The model the blocks train.
   spec: models.ModelSpec
+  #: The optimiser settings both steps implement (`tx` builds the dense chain from them).
   optimizer: OptimizerSettings
+  #: The sparse step's settings; None when the dense step must train every block.
   sgd: sparse.SparseSGD | None
+  #: Why the dense step must train every block; None when the sparse step may run.
   reason: str | None
+  #: The forward caches' memory budget in bytes (`DEFAULT_CACHE_BYTES`; 0: the sparse step computes
+  #: its forward densely).
   cache_bytes: int = DEFAULT_CACHE_BYTES
 
   def tx(self, *, inject_learning_rate: bool = False) -> optax.GradientTransformation:

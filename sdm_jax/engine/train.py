@@ -97,15 +97,22 @@ def member_layer(state: TrainState, spec: models.ModelSpec) -> dict:
 class EpochMetrics(NamedTuple):
   """Per-epoch training metrics (means over the epoch's examples)."""
 
+  #: The mean training loss over the epoch's examples (cross-entropy, plus a regulariser's penalty).
   loss: jax.Array
+  #: The fraction of the epoch's training examples predicted correctly.
   accuracy: jax.Array
-  dead_fraction: jax.Array  # summed activation over the epoch < 1e-4 (docs/reference_code.md#dead-neurons)
-  active_per_example: jax.Array  # mean number of neurons > 0 per example
-  sparse_fraction: jax.Array  # fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py)
-  forward_fraction: jax.Array  # the share of the activations the forward computed (< 1: `forward_cache`)
-  # Mean hidden output of the units that fired (their summed activation over the active count): the
-  # scale the readout learns from. After the GABA switch an SDM layer's a* = [a - I]_+ is a gap
+  #: The fraction of neurons whose summed activation over the epoch is < 1e-4
+  #: (docs/reference_code.md#dead-neurons).
+  dead_fraction: jax.Array
+  #: The mean number of neurons > 0 per example.
+  active_per_example: jax.Array
+  #: The fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py).
+  sparse_fraction: jax.Array
+  #: The mean share per step of the activations the forward computed (< 1: `forward_cache`).
+  forward_fraction: jax.Array
+  # The scale the readout learns from. After the GABA switch an SDM layer's a* = [a - I]_+ is a gap
   # between cosines (Eq. 12), so ~0.01 here means a readout whose gradient, proportional to a*, is tiny.
+  #: The mean hidden output of the units that fired (their summed activation over the active count).
   output_mean: jax.Array
 
 
@@ -675,8 +682,12 @@ class EvalCounts(NamedTuple):
   """Per task: correct predictions over all classes (class-incremental), correct with logits
   restricted to the task's classes (task-incremental), and the number of test examples."""
 
+  #: [tasks] correct predictions with the logits over all classes (class-incremental).
   correct: jax.Array
+  #: [tasks] correct predictions with the logits restricted to the task's classes
+  #: (task-incremental).
   correct_task_masked: jax.Array
+  #: [tasks] the number of test examples of each task.
   count: jax.Array
 
 

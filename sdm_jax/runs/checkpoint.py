@@ -198,9 +198,15 @@ class Restored(NamedTuple):
   """What `restore_latest` found: the state and progress of checkpoint `step`, and the newer
   checkpoints that could not be read (`unreadable`: (directory, one-line reason), newest first)."""
 
+  #: The restored training state of every seed (the stacked `TrainState`, shaped like the abstract
+  #: states given).
   states: Any
+  #: The run's progress as saved, a JSON dict (blocks done, the accuracy matrices so far, the
+  #: sparse-step bookkeeping and more).
   progress: dict
+  #: The checkpoint's step, the number of blocks done when it was saved.
   step: int
+  #: The newer checkpoints that could not be read: (directory, one-line reason), newest first.
   unreadable: list[tuple[pathlib.Path, str]]
 
 

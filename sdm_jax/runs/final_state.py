@@ -20,12 +20,18 @@ import numpy as np
 class FinalState(NamedTuple):
   """A run's trained models: every seed's parameters and GABA counters, and what they were trained on."""
 
+  #: [S] the seed of each model.
   seeds: np.ndarray
-  params: dict  # nested like the model's params, each leaf with a leading seed axis
+  #: The parameters, nested like the model's params, each leaf with a leading seed axis [S, ...].
+  params: dict
+  #: [S, r] every seed's GABA counters.
   gaba_counts: np.ndarray
+  #: [S] the epochs each seed has trained; None when the file has none.
   epoch: np.ndarray | None
+  #: The training data file's identity (the JSON of "data"); None when the file has none.
   data: dict | None
-  names: frozenset  # the file's keys, for callers that check what kind of file it is
+  #: The file's keys, for callers that check what kind of file it is.
+  names: frozenset
 
 
 def save(path: str | pathlib.Path, states: Any, seeds, *, data: dict | None = None) -> None:
