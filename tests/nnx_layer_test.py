@@ -327,3 +327,43 @@ def test_the_last_axis_dtypes_and_kernel_init_as_nnx_linear(assert_platform_equa
   kernel = np.asarray(half.kernel[...], np.float32)
   assert kernel.min() >= 0
   np.testing.assert_allclose(np.linalg.norm(kernel, axis=0), 1.0, rtol=2e-2)
+
+
+class _Stack(nnx.Module):
+  """`layers` SDM layers stacked by `nnx.vmap` (the NNX way to scan over a Transformer's blocks)."""
+
+  def __init__(self, layers: int, rngs):
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+      return nnx_layer.SDM(IN, NEURONS, k=K, switch_activations=T, rngs=rngs)
+
+    self.sdm = create(rngs)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 4])
+def test_stacked_layers_project_count_and_run_as_the_same_layers_unstacked(layers):
+  """Issue 60: with layers stacked on a leading axis, each layer's addresses are normalised on
+  their own (8f78808 normalised across layers: each address ended at norm 1/sqrt(layers)), and the
+  counters advance per layer. Bitwise the same layers stepped and run one by one (XLA:CPU)."""
+  net = _Stack(layers, nnx.Rngs(0))
+  start = net.sdm.kernel[...]
+  x = jax.random.uniform(jax.random.key(1), (layers, BATCH, IN))
+  grads = jax.random.normal(jax.random.key(2), start.shape)
+  optimizer = nnx.Optimizer(net, optax.chain(optax.sgd(0.5), nnx_layer.projection(net)), wrt=nnx.Param)
+  optimizer.update(net, nnx.State({"sdm": {"kernel": nnx.Param(grads)}}))  # a step off the constraint
+  out = nnx.vmap(lambda layer, x: layer(x), in_axes=(0, 0))(net.sdm, x)  # each layer on its own batch
+  kernel = np.asarray(net.sdm.kernel[...])
+  np.testing.assert_allclose(np.linalg.norm(kernel, axis=-2), 1.0, rtol=1e-6)  # every layer's addresses
+  for i in range(layers):
+    alone = Net(nnx.Rngs(0))
+    alone.sdm.kernel[...] = start[i]
+    step = nnx.Optimizer(alone, optax.chain(optax.sgd(0.5), nnx_layer.projection(alone)), wrt=nnx.Param)
+    step.update(
+      alone,
+      nnx.State({"sdm": {"kernel": nnx.Param(grads[i])}, "out": {"kernel": nnx.Param(jnp.zeros((NEURONS, CLASSES)))}}),
+    )
+    np.testing.assert_array_equal(kernel[i], alone.sdm.kernel[...])
+    np.testing.assert_array_equal(out[i], alone.sdm(x[i]))
+    np.testing.assert_array_equal(net.sdm.counts[...][i], alone.sdm.counts[...])
+  assert float(net.sdm.counts[...].sum()) > 0

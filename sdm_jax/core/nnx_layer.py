@@ -193,14 +193,17 @@ def sdm_paths(model: nnx.Module) -> list[str]:
 def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax.GradientTransformation:
   """`sdm_projection` for every `SDM` layer of `model`, each with its own `positive` and `l2_norm`;
   put it last in the optax chain. `values`: the value layers to keep >= 0 (X_v of a positive SDM,
-  e.g. "out"; paths, a mask or a function, `sdm_jax.core.paths`). Raises ValueError if `model` has no SDM."""
+  e.g. "out"; paths, a mask or a function, `sdm_jax.core.paths`). Raises ValueError if `model` has no SDM.
+
+  An SDM kernel is [in_features, neurons]: axes before those are layers stacked by `nnx.vmap` or
+  `nnx.scan` (a Transformer's blocks), and each layer's addresses are normalised on their own."""
   groups: dict[tuple[bool, bool], list] = {}
   for path, module in _sdm_modules(model):
     groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(path)
   if not groups:
     raise ValueError("model: no SDM module in it")
   parts = [
-    projection_lib.sdm_projection(marked, positive=positive, l2_norm=l2_norm)
+    projection_lib.sdm_projection(marked, positive=positive, l2_norm=l2_norm, address_ndim=1)
     for (positive, l2_norm), marked in groups.items()
     if positive or l2_norm
   ]

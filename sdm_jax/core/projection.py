@@ -47,10 +47,22 @@ def project_after_update(projection: Callable) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def normalize_addresses(kernel: jax.Array) -> jax.Array:
-  """Unit L2 norm of each neuron's address: the last axis indexes neurons ([in, out] dense, [h, w,
-  in, out] convolution kernels), every other axis is the address. An all-zero address stays zero."""
-  return topk.l2_normalize(kernel.reshape(-1, kernel.shape[-1]), axis=0).reshape(kernel.shape)
+def normalize_addresses(kernel: jax.Array, address_ndim: int | None = None) -> jax.Array:
+  """Unit L2 norm of each neuron's address (App. A.5). The last axis indexes neurons; the
+  `address_ndim` axes before it hold one neuron's address (1 for a dense [in, out] kernel, 3 for a
+  convolution's [h, w, in, out]); any axes before those are layers stacked by `nnx.vmap` or
+  `nnx.scan` ([layers, in, out]), each normalised on its own. None: every axis but the last is the
+  address. An all-zero address stays zero."""
+  address_ndim = kernel.ndim - 1 if address_ndim is None else address_ndim
+  if not 1 <= address_ndim <= kernel.ndim - 1:
+    raise ValueError(f"address_ndim={address_ndim}: a kernel of shape {kernel.shape} has 1 to {kernel.ndim - 1}")
+  layers = kernel.reshape((-1,) + kernel.shape[kernel.ndim - 1 - address_ndim :])  # [layers, *address, out]
+  layers = layers.reshape(layers.shape[0], -1, kernel.shape[-1])
+  if layers.shape[0] == 1:
+    return topk.l2_normalize(layers[0], axis=0).reshape(kernel.shape)
+  # One layer at a time, so that a stacked layer gets the bits it gets alone (XLA:CPU sums a
+  # [layers, in, out] array's columns in another order than one [in, out] layer's).
+  return jax.lax.map(lambda layer: topk.l2_normalize(layer, axis=0), layers).reshape(kernel.shape)
 
 
 def sdm_projection(
@@ -59,6 +71,7 @@ def sdm_projection(
   values: paths.Marks | None = None,
   positive: bool = True,
   l2_norm: bool = True,
+  address_ndim: int | None = None,
 ) -> optax.GradientTransformation:
   """The SDM constraint (App. A.5 items 2-4) on the marked layers of any parameter tree; put it last.
 
@@ -76,6 +89,9 @@ def sdm_projection(
     values: the value layers to keep >= 0, marked the same way (needs ``positive``).
     positive: clamp marked leaves >= 0 (Dale's principle; the reference's ConvSDM has False).
     l2_norm: unit-norm marked addresses.
+    address_ndim: the axes before the neuron axis that hold one address (`normalize_addresses`):
+      1 for dense SDM layers, so that layers stacked on leading axes are normalised one by one;
+      None (default) every axis but the last, as a convolution's kernel.
 
   Marks are checked at `init` (and each `update`, at trace time): a path that matches no parameter,
   a mask of another structure, or an address that is not at least 2-D raises ValueError naming it.
@@ -95,7 +111,7 @@ def sdm_projection(
     if positive:
       p = jax.nn.relu(p)
     if l2_norm and _is_address(key_path):
-      p = normalize_addresses(p)
+      p = normalize_addresses(p, address_ndim)
     return p
 
   def address_projection(params):
