@@ -367,3 +367,26 @@ def test_stacked_layers_project_count_and_run_as_the_same_layers_unstacked(layer
     np.testing.assert_array_equal(out[i], alone.sdm(x[i]))
     np.testing.assert_array_equal(net.sdm.counts[...][i], alone.sdm.counts[...])
   assert float(net.sdm.counts[...].sum()) > 0
+
+
+@pytest.mark.parametrize("count_per", ["position", "example"])
+def test_a_sequence_layer_counts_positions_or_examples_and_t_is_in_that_unit(count_per):
+  """Issue 60: on a sequence [batch, length, features] the counters count each token ("position",
+  the default) or each example once ("example"), against numpy; with `switch_epochs` and
+  `dataset_size` in that unit, one epoch of 2 takes λ of a neuron that fires everywhere to 0."""
+  examples, length, epochs = 12, 5, 2
+  x = jax.random.uniform(jax.random.key(3), (examples, length, IN))
+  size = examples * length if count_per == "position" else examples
+  layer = nnx_layer.SDM(
+    IN, NEURONS, k=K, switch_epochs=epochs, dataset_size=size, count_per=count_per, rngs=nnx.Rngs(0)
+  )
+  a_star = np.asarray(layer(x))  # one epoch in one batch; λ = -1 at first: every unit fires
+  fired = a_star > 0
+  expected = fired.sum((0, 1)) if count_per == "position" else fired.any(1).sum(0)
+  np.testing.assert_array_equal(layer.counts[...], expected.astype(np.float32))
+  assert fired.all()
+  np.testing.assert_array_equal(layer.gaba_lambda(), 0.0)  # half the switch after one of its two epochs
+  masked = sdm_layer.firings(jnp.asarray(a_star), jnp.arange(examples) < 4, count_per=count_per)
+  np.testing.assert_array_equal(masked, 4.0 * (length if count_per == "position" else 1))
+  with pytest.raises(ValueError, match="count_per"):
+    nnx_layer.SDM(IN, NEURONS, k=K, switch_activations=T, count_per="token", rngs=nnx.Rngs(0))

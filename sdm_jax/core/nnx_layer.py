@@ -54,14 +54,18 @@ class SDM(nnx.Module):
       or "flat" (k from the start).
     inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
       Table 2). The GABA switch always subtracts.
-    switch_activations: T of Eq. 12 as a firing count: a neuron that fires for every example
-      reaches λ = 0 after T / 2 examples and +1 (full Top-K) after T. "gaba" needs T, given either
-      here or as `switch_epochs` with `dataset_size`.
+    switch_activations: T of Eq. 12 as a firing count (in the unit of `count_per`): a neuron that
+      fires for every row reaches λ = 0 after T / 2 rows and +1 (full Top-K) after T. "gaba" needs
+      T, given either here or as `switch_epochs` with `dataset_size`.
     switch_epochs: T in epochs, T = switch_epochs x dataset_size (the paper's ConvSDM has T = 10
       epochs of CIFAR-10; the Split MNIST runs, half the first task's epochs). Use with
       `dataset_size`, instead of `switch_activations`.
-    dataset_size: the examples in one epoch, counted as the layer counts firings (one per row of
-      its input), for `switch_epochs`.
+    dataset_size: one epoch in the unit of `count_per`, for `switch_epochs`: its positions (rows of
+      the layer's input: examples x tokens of a sequence) by default, its examples with
+      `count_per="example"`.
+    count_per: what one firing of C_i is (`sdm_layer.COUNT_UNITS`): "position" (default), a neuron
+      active at one row of the input (each token of a sequence); "example", active anywhere in one
+      example (the input's first axis; for a sequence layer whose T you think of in examples).
     k_max: the linear schedule's starting k (Eq. 4; default: neurons).
     k_transition_epochs: the linear schedule's length s in epochs (Eq. 4).
     positive: ReLU the input, and keep weights >= 0 (`projection`); Dale's principle, App. A.5.
@@ -109,6 +113,7 @@ class SDM(nnx.Module):
     l2_norm: bool = True,
     use_bias: bool = False,
     threshold_method: str = "auto",
+    count_per: str = "position",
     dtype: jnp.dtype | None = None,
     param_dtype: jnp.dtype = jnp.float32,
     kernel_init: nnx.Initializer | None = None,
@@ -128,6 +133,7 @@ class SDM(nnx.Module):
       l2_norm=l2_norm,
       use_bias=use_bias,
       threshold_method=threshold_method,
+      count_per=count_per,
     )
     key = rngs.params()
     if kernel_init is None:  # PyTorch's nn.Linear init, as the authors' models (`sdm_layer.init`)

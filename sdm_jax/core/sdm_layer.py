@@ -45,6 +45,10 @@ from sdm_jax.core import topk
 K_SCHEDULES = ("gaba", "linear", "flat", "none")
 #: What `SDMSpec.inhibition` accepts: subtract the (k+1)-th largest activation (Eq. 4) or mask.
 INHIBITIONS = ("subtract", "mask")
+#: What one firing of Eq. 12's C_i is: a neuron active at one row of the input ("position": every
+#: leading position, each token of a sequence), or active anywhere in one example ("example": the
+#: first axis indexes examples, the axes after it positions).
+COUNT_UNITS = ("position", "example")
 
 
 class SpecError(ValueError):
@@ -79,7 +83,12 @@ class SDMSpec:
     inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
       Table 2's "Linear Mask"). The GABA switch always subtracts (Eq. 12).
     switch_activations: T (the paper's s in Eq. 12): how many firings take a neuron from excited
-      (λ = -1) to inhibited (λ = +1). `switch_from_epochs` gives T in epochs of a dataset.
+      (λ = -1) to inhibited (λ = +1), in the unit of `count_per`. `switch_from_epochs` gives T in
+      epochs of a dataset.
+    count_per: what one firing is (`COUNT_UNITS`): "position" (default), a neuron active at one
+      row of the input, so a sequence [batch, length, features] counts each token and T is in
+      positions (examples x length per epoch); "example", active anywhere in one example (the
+      first axis), so T is in examples. For an input [batch, features] the two are the same.
     k_max: start of the linear schedule; None means `neurons` (the reference's default).
     k_transition_epochs: s of Eq. 4, the epochs the linear schedule takes.
     positive: ReLU the input and keep every weight >= 0 (Dale's principle, App. A.5 item 4).
@@ -99,6 +108,7 @@ class SDMSpec:
   l2_norm: bool = True
   use_bias: bool = False
   threshold_method: str = "auto"
+  count_per: str = "position"
 
   def __post_init__(self):
     _check_count("neurons", self.neurons, 1)
@@ -106,6 +116,7 @@ class SDMSpec:
       ("k_schedule", self.k_schedule, K_SCHEDULES),
       ("inhibition", self.inhibition, INHIBITIONS),
       ("threshold_method", self.threshold_method, topk.THRESHOLD_METHODS),
+      ("count_per", self.count_per, COUNT_UNITS),
     ):
       if value not in allowed:
         raise SpecError(name, f"must be one of {allowed}, got {value!r}")
@@ -266,21 +277,31 @@ def activations(
   return topk.topk_mask(a, topk.kth_largest(a, k, method=method, k_bound=bound))
 
 
-def firings(a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-  """How many of the `valid` examples each neuron fired for (a*_i > 0): float32 [neurons], no gradient.
+def firings(a_star: jax.Array, valid: jax.Array | None = None, *, count_per: str = "position") -> jax.Array:
+  """How many of the `valid` rows each neuron fired for (a*_i > 0): float32 [neurons], no gradient.
 
   The increment of Eq. 12's C_i for one batch. The reference counts every forward pass of training,
-  per example (GABA_SWITCH_ACT_BIN, TrentBrick/SDMContinualLearner models/TopK_Act.py).
+  per example (GABA_SWITCH_ACT_BIN, TrentBrick/SDMContinualLearner models/TopK_Act.py), its inputs
+  being [batch, features]. `count_per` (`COUNT_UNITS`) says what a row is when a* has more leading
+  axes: "position" counts every leading position; "example" counts a neuron once per example (the
+  first axis) in which it fired at any position. `valid` masks the leading axes it covers.
   """
   fired = (a_star > 0).astype(jnp.float32)
   if valid is not None:
-    fired = fired * valid.astype(jnp.float32)[..., None]
+    valid = valid.astype(jnp.float32)
+    fired = fired * valid.reshape(valid.shape + (1,) * (fired.ndim - valid.ndim))
+  if count_per == "example" and fired.ndim > 2:
+    fired = jnp.max(fired.reshape(fired.shape[0], -1, fired.shape[-1]), axis=1)
+  elif count_per not in COUNT_UNITS:
+    raise ValueError(f"count_per must be one of {COUNT_UNITS}, got {count_per!r}")
   return jax.lax.stop_gradient(fired.reshape(-1, fired.shape[-1]).sum(0))
 
 
-def count_fired(counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-  """C + `firings(a_star, valid)`: the counters after one training batch (Eq. 12's C_i)."""
-  return counts + firings(a_star, valid)
+def count_fired(
+  counts: jax.Array, a_star: jax.Array, valid: jax.Array | None = None, *, count_per: str = "position"
+) -> jax.Array:
+  """C + `firings(a_star, valid, count_per=...)`: the counters after one training batch (Eq. 12's C_i)."""
+  return counts + firings(a_star, valid, count_per=count_per)
 
 
 def count_fired_at(counts: jax.Array, neurons: jax.Array, values: jax.Array) -> jax.Array:
@@ -294,7 +315,8 @@ def apply(
 ) -> tuple[jax.Array, jax.Array]:
   """(a* [..., neurons], the new counters): the layer's forward pass on the last axis of x.
 
-  In training (``train=True``) the GABA counters advance by `count_fired` (over every leading axis);
+  In training (``train=True``) the GABA counters advance by `count_fired` (per position or per
+  example: `SDMSpec.count_per`);
   in evaluation they are returned unchanged. `epoch` (global, may be traced) drives the linear k
   schedule (Eq. 4).
   """
@@ -302,5 +324,5 @@ def apply(
     params, x, spec=spec, k=k_in_force(spec, epoch) if spec.k_schedule == "linear" else None, counts=counts
   )
   if train and spec.k_schedule == "gaba":
-    counts = count_fired(counts, a_star)
+    counts = count_fired(counts, a_star, count_per=spec.count_per)
   return a_star, counts
