@@ -19,6 +19,16 @@ and `report.md` into --out (default: WORKDIR/analysis of the first workdir):
   activations of those examples and of the test set: 0.8 GB at 10K neurons
   with the default --max_examples).
 
+A population workdir (a run with `config.population`, e.g. launch.sweep's
+`WORKDIR/population__<axes>/`) is one run per combination of its values: a row each, its values
+as columns, ± only over that combination's own seeds, the neurons of its own members (with its own
+k), and the paper's number only beside the combination whose values are the config's own. A
+--workdir that is not a run's folder (missing, empty, a sweep's root of run folders) is refused in
+one line naming it, before anything is written.
+
+UMAP is by far the slowest part (minutes per run on a few CPU cores): it runs last, after a line
+saying so; --no_umap skips it.
+
 Neuron figures use `final_state.npz` and at most --max_examples training
 examples of every task (balanced over classes), as the authors' entropy cell
 (TrentBrick/SDMContinualLearner, notebooks/Targeted_InvestigatingContinualLearning.ipynb;
@@ -92,10 +102,28 @@ def _model_label(run: dict) -> str:
   return label + ")"
 
 
+def _value(value) -> str:
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _field(config: dict, field: str):
+  """A dotted field of a config dict ("optimizer.learning_rate")."""
+  for part in field.split("."):
+    config = config[part]
+  return config
+
+
+def _values_text(values: dict) -> list[str]:
+  """ "learning_rate=0.05", "k=4": a population combination's values, each field by its last part."""
+  return [f"{field.split('.')[-1]}={_value(v)}" for field, v in values.items()]
+
+
 def _name_runs(runs: list[dict]) -> None:
-  """Gives every run a label (model kind) and a file-name prefix, both unique."""
-  labels = [_model_label(r) for r in runs]
-  bases = [re.sub(r"[^A-Za-z0-9_.-]+", "_", r["workdir"].resolve().name) or "run" for r in runs]
+  """Gives every run a label (model kind, and a population combination's values) and a file-name
+  prefix, both unique."""
+  labels = [_model_label(r) + (f" [{', '.join(_values_text(r['values']))}]" if r["values"] else "") for r in runs]
+  names = ["__".join([r["workdir"].resolve().name, *_values_text(r["values"])]) for r in runs]
+  bases = [re.sub(r"[^A-Za-z0-9_.=-]+", "_", n) or "run" for n in names]
   for i, run in enumerate(runs):
     run["label"] = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} [{bases[i]}]"
     name = bases[i] if bases.count(bases[i]) == 1 else f"{bases[i]}{i}"
@@ -292,12 +320,15 @@ def plot_full_accuracy_comparison(runs: list[dict], out: pathlib.Path) -> str:
 # Neurons (final_state.npz).
 
 
-def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, num_fields: int) -> dict:
-  """Everything the neuron figures need, per seed where cheap, seed index 0 for UMAP and fields."""
+def compute_neurons(run: dict, *, max_examples: int, seed: int, num_fields: int, dataset: dict | None = None) -> dict:
+  """Everything the neuron figures need but UMAP (`compute_umap`), per seed where cheap, seed index 0
+  for the fields. A population's combination (`analysis.population_runs`) uses its own members'
+  final states and its own k and T. `dataset`: the run's data if loaded already."""
   config = ml_collections.ConfigDict(run["config"])
   spec = schema.model_spec(config)
   seeds, params, gaba_counts = final_state.load(run["final_state"])[:3]
-  dataset = schema.load_data(config)
+  members = run["members"] if run["members"] is not None else list(range(len(seeds)))
+  dataset = dataset or schema.load_data(config)
   images, labels = dataset["train_images"], np.asarray(dataset["train_labels"]).astype(np.int64)
   keep = analysis.balanced_subset(labels, max_examples, seed=seed)
   x, y = images[keep].reshape(len(keep), -1), labels[keep]
@@ -305,7 +336,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
   final_epoch = config.epochs_per_task * (num_classes // config.classes_per_task)  # k of a linear schedule
   test_x, test_y = dataset["test_images"], np.asarray(dataset["test_labels"]).astype(np.int64)
   stats, entropies, probes = [], [], []
-  for i in range(len(seeds)):
+  for i in members:
     seed_params = analysis.seed_params(params, i)
     logging.info(f"  seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
     # One pass over the training examples serves both the neuron statistics and the probe's fit.
@@ -333,7 +364,7 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     del hidden  # freed before the next seed's activations are computed, not after
   out = dict(
     spec=spec,
-    seeds=[int(s) for s in seeds],
+    seeds=[int(seeds[i]) for i in members],
     stats=stats,
     entropies=entropies,
     probes=probes,
@@ -342,23 +373,35 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, do_umap: bool, n
     alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
     dead=analysis.mean_sem([metrics.dead_fraction(s.activity_sum) for s in stats]),
     active=analysis.mean_sem([s.active_per_example for s in stats]),
+    kernel=np.asarray(params["hidden"]["kernel"][members[0]]),  # seed index 0's, for the fields and UMAP
+    x=x,
+    y=y,
   )
-  kernel = params["hidden"]["kernel"][0]
   shape = analysis.image_shape_for(spec.input_size)
   if shape is not None:
-    out["fields"] = analysis.receptive_fields(kernel, stats[0].counts.sum(0), min(num_fields, spec.neurons), shape)
-  if do_umap:
-    weights, data, kept = analysis.umap_inputs(kernel, x, stats[0].counts.sum(0), l2_norm=spec.hidden.l2_norm)
-    if len(kept) < 5:
-      out["umap_note"] = f"only {len(kept)} neurons fired more than {analysis.UMAP_MIN_ACTIVATIONS} times"
-    else:
-      logging.info(f"  UMAP (a) fit on {len(kept)} neuron addresses, transform {len(data)} examples")
-      a = analysis.umap_fit_weights(weights, data, seed=seed)
-      logging.info(f"  UMAP (b) fit on {len(data)} examples, transform {len(kept)} neuron addresses")
-      b = analysis.umap_fit_data(weights, data, seed=seed)
-      neuron_class = analysis.max_activating_class(stats[0].max_activation, stats[0].argmax_label)[kept]
-      out["umap"] = dict(a=a, b=b, labels=y, neuron_class=neuron_class, kept=kept)
+    out["fields"] = analysis.receptive_fields(
+      out["kernel"], stats[0].counts.sum(0), min(num_fields, spec.neurons), shape
+    )
   return out
+
+
+def compute_umap(neurons: dict, *, seed: int) -> None:
+  """The UMAP plots' embeddings of seed index 0 (`neurons`: `compute_neurons`' result, updated in
+  place with "umap", or "umap_note" when too few neurons fire)."""
+  stats = neurons["stats"][0]
+  x = neurons.pop("x")  # (kept for UMAP only)
+  weights, data, kept = analysis.umap_inputs(
+    neurons["kernel"], x, stats.counts.sum(0), l2_norm=neurons["spec"].hidden.l2_norm
+  )
+  if len(kept) < 5:
+    neurons["umap_note"] = f"only {len(kept)} neurons fired more than {analysis.UMAP_MIN_ACTIVATIONS} times"
+    return
+  logging.info(f"  UMAP (a) fit on {len(kept)} neuron addresses, transform {len(data)} examples")
+  a = analysis.umap_fit_weights(weights, data, seed=seed)
+  logging.info(f"  UMAP (b) fit on {len(data)} examples, transform {len(kept)} neuron addresses")
+  b = analysis.umap_fit_data(weights, data, seed=seed)
+  neuron_class = analysis.max_activating_class(stats.max_activation, stats.argmax_label)[kept]
+  neurons["umap"] = dict(a=a, b=b, labels=neurons["y"], neuron_class=neuron_class, kept=kept)
 
 
 def plot_activation_histogram(runs: list[dict], out: pathlib.Path) -> str:
@@ -512,11 +555,30 @@ DEAD_NOTE = (
 )
 
 
+def _swept(runs: list[dict]) -> list[str]:
+  """The fields the populations among `runs` vary: a column each in the tables."""
+  return list(dict.fromkeys(f for r in runs for f in r["values"]))
+
+
+def _value_cells(run: dict, swept: list[str]) -> str:
+  """ "| 0.05 | 4 " : the run's value of each swept field (an ordinary run's from its config)."""
+  cells = []
+  for field in swept:
+    try:
+      cells.append(_value(run["values"][field] if field in run["values"] else _field(run["config"], field)))
+    except (KeyError, TypeError):
+      cells.append("n/a")
+  return "".join(f"| {c} " for c in cells)
+
+
 def _run_table(runs: list[dict]) -> list[str]:
+  swept = _swept(runs)
   lines = [
-    "| run | model | workdir | status | epochs/task | seeds | final full-test accuracy | paper (500 epochs/task) "
+    "| run | model | "
+    + "".join(f"{f} | " for f in swept)
+    + "workdir | status | epochs/task | seeds | final full-test accuracy | paper (500 epochs/task) "
     "| forgetting | backward transfer | dead in training (last epoch) | wall time |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|" + "---|" * len(swept) + "---|---|---|---|---|---|---|---|---|---|",
   ]
   for run in runs:
     res = run["results"] or {}
@@ -529,14 +591,16 @@ def _run_table(runs: list[dict]) -> list[str]:
       return _pm(*map(float, analysis.mean_sem([s[key] for s in per])), n)
 
     dead = [s["dead_fraction"] for s in res.get("per_seed", []) if s.get("dead_fraction") is not None]
-    paper = run["config"].get("paper_final_accuracy", -1)
+    paper = run["config"].get("paper_final_accuracy", -1) if run["paper"] else None  # (other values: none)
     wall = res.get("wall_time_s")
+    wall = f"{wall / 60:.1f} min" + (" (the whole population)" if run["values"] else "") if wall else "n/a"
     lines.append(
-      f"| {run['name']} | {run['label']} | `{run['workdir']}` | {res.get('status', 'no results.json')} "
+      f"| {run['name']} | {run['label']} {_value_cells(run, swept)}| `{run['workdir']}` "
+      f"| {res.get('status', 'no results.json')} "
       f"| {run['config'].get('epochs_per_task')} | {len(_seeds(run))} | {stat('final_accuracy')} "
       f"| {paper if paper and paper > 0 else 'n/a'} | {stat('forgetting')} | {stat('backward_transfer')} "
       f"| {_pm(*(100 * float(v) for v in analysis.mean_sem(dead)), len(dead), '.1f') + '%' if dead else 'n/a'} "
-      f"| {f'{wall / 60:.1f} min' if wall else 'n/a'} |"
+      f"| {wall} |"
     )
   return lines
 
@@ -551,16 +615,19 @@ def _top_share(ent: analysis.NeuronEntropy, num: int = 10) -> tuple[float, float
 
 
 def _neuron_table(runs: list[dict]) -> list[str]:
+  swept = _swept(runs)
   lines = [
-    "| run | weighted mean entropy (nats) | mean | median | neurons that fire (> 0.001) "
+    "| run | "
+    + "".join(f"{f} | " for f in swept)
+    + "weighted mean entropy (nats) | mean | median | neurons that fire (> 0.001) "
     "| alive (≥ 1 activation ≠ 0) | dead on all tasks | active neurons per example "
     "| share of activations of the 10 most active neurons (their weighted entropy) |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "|---|" + "---|" * len(swept) + "---|---|---|---|---|---|---|---|",
   ]
   for run in runs:
     nr = run.get("neurons")
     if nr is None:
-      lines.append(f"| {run['name']} | skipped: {run['neuron_note']} | | | | | | | |")
+      lines.append(f"| {run['name']} {_value_cells(run, swept)}| skipped: {run['neuron_note']} | | | | | | | |")
       continue
     n = len(nr["seeds"])
     es = nr["entropy_summary"]
@@ -568,7 +635,7 @@ def _neuron_table(runs: list[dict]) -> list[str]:
     top = [_top_share(e) for e in nr["entropies"]]
     top_share, top_h = analysis.mean_sem([t[0] for t in top]), analysis.mean_sem([t[1] for t in top])
     lines.append(
-      f"| {run['name']} | **{_pm(*es['weighted_mean'], n)}** | {_pm(*es['mean'], n)} | {_pm(*es['median'], n)} "
+      f"| {run['name']} {_value_cells(run, swept)}| **{_pm(*es['weighted_mean'], n)}** | {_pm(*es['mean'], n)} | {_pm(*es['median'], n)} "
       f"| {_pm(*fire, n, '.0f')} / {nr['spec'].neurons} | {_pm(*(100 * v for v in nr['alive']), n, '.1f')}% "
       f"| {_pm(*(100 * v for v in nr['dead']), n, '.1f')}% | {_pm(*nr['active'], n, '.1f')} "
       f"| {_pm(*(100 * v for v in top_share), n, '.1f')}% ({_pm(*top_h, n, '.2f')}) |"
@@ -588,9 +655,12 @@ PROBE_NOTE = (
 
 
 def _probe_table(runs: list[dict]) -> list[str]:
+  swept = _swept(runs)
   lines = [
-    "| run | own head, test set | linear probe, test set | probe on its training examples | probe − head |",
-    "|---|---|---|---|---|",
+    "| run | "
+    + "".join(f"{f} | " for f in swept)
+    + "own head, test set | linear probe, test set | probe on its training examples | probe − head |",
+    "|---|" + "---|" * len(swept) + "---|---|---|---|",
   ]
   for run in runs:
     nr = run.get("neurons")
@@ -601,7 +671,10 @@ def _probe_table(runs: list[dict]) -> list[str]:
       analysis.mean_sem([f(p) for p in nr["probes"]])
       for f in (lambda p: p.head, lambda p: p.probe, lambda p: p.probe_train, lambda p: p.probe - p.head)
     )
-    lines.append(f"| {run['name']} | {_pm(*head, n)} | **{_pm(*probe, n)}** | {_pm(*train, n)} | {_pm(*gap, n)} |")
+    lines.append(
+      f"| {run['name']} {_value_cells(run, swept)}| {_pm(*head, n)} | **{_pm(*probe, n)}** | {_pm(*train, n)} "
+      f"| {_pm(*gap, n)} |"
+    )
   return lines
 
 
@@ -658,7 +731,8 @@ def write_report(
     "investigation runs, 1,500 epochs): SDM 99.4%, Top-K 44.8%, ReLU 100%.",
     "",
   ]
-  by_kind = {r["config"]["model"]["kind"]: r for r in measured}
+  kinds = [r["config"]["model"]["kind"] for r in measured]
+  by_kind = {kind: r for kind, r in zip(kinds, measured) if kinds.count(kind) == 1}  # (one of each: a pair)
   if "sdmlp" in by_kind and "relu" in by_kind:
     s = by_kind["sdmlp"]["neurons"]["entropy_summary"]["weighted_mean"][0]
     r = by_kind["relu"]["neurons"]["entropy_summary"]["weighted_mean"][0]
@@ -692,14 +766,21 @@ def analyze(
   argv: list[str] | None = None,
   notes: list[str] | None = None,
 ) -> pathlib.Path:
-  """Reads the runs, writes every figure and report.md into `out`; returns the report's path."""
-  runs = [analysis.load_run(w) for w in workdirs]
+  """Reads the runs, writes every figure and report.md into `out`; returns the report's path.
+
+  A population workdir counts as one run per combination of its values (`analysis.population_runs`):
+  its seeds are averaged, its combinations never. A folder that is not a run's workdir raises
+  `analysis.check_workdir`'s ValueError before anything is written.
+  """
+  runs = [combination for w in workdirs for combination in analysis.population_runs(analysis.load_run(w))]
   _name_runs(runs)
   out = pathlib.Path(out) if out else runs[0]["workdir"] / "analysis"
   out.mkdir(parents=True, exist_ok=True)
   notes = list(notes or [])
+  notes += _population_notes(runs)
 
   figures = _curve_figures(runs, out, notes)
+  data = (None, None)  # (workdir, its data): a population's combinations, one after another, load it once
   for run in runs:
     if run["final_state"] is None:
       run["neuron_note"] = "no final_state.npz in the workdir"
@@ -709,13 +790,59 @@ def analyze(
       )
       continue
     logging.info(f"{run['name']}: neuron statistics")
-    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, do_umap=do_umap, num_fields=num_fields)
+    if data[0] != run["workdir"]:
+      data = (None, None)  # (the last workdir's freed first)
+      data = (run["workdir"], schema.load_data(ml_collections.ConfigDict(run["config"])))
+    run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, num_fields=num_fields, dataset=data[1])
+    if not do_umap:
+      del run["neurons"]["x"]  # (kept for UMAP only)
+  data = None  # (freed before UMAP)
+  measured = [r for r in runs if r.get("neurons")]
+  if do_umap and measured:
+    logging.info(_umap_notice(measured))
+    for run in measured:
+      logging.info(f"{run['name']}: UMAP")
+      compute_umap(run["neurons"], seed=seed)
   figures += _neuron_figures(runs, out, notes, seed)
   if not do_umap:
     notes.append("UMAP figures skipped (--no_umap).")
   report = write_report(runs, figures, notes, out, argv or [], max_examples)
   logging.info(f"wrote {len(figures)} figures and {report}")
   return report
+
+
+# A rough scale for the notice: UMAP's two fits per run on 10,000 analysis examples, on 2 CPU cores.
+UMAP_MINUTES_PER_10K_EXAMPLES = 2.5
+
+
+def _umap_notice(runs: list[dict]) -> str:
+  """The line printed before UMAP starts: what is next, roughly how long, and how to skip it."""
+  examples = sum(r["neurons"]["num_examples"] for r in runs)
+  minutes = UMAP_MINUTES_PER_10K_EXAMPLES * examples / 10_000
+  return (
+    f"UMAP next: 2 fits on {runs[0]['neurons']['num_examples']} examples for each of {len(runs)} "
+    f"run{'s' if len(runs) > 1 else ''}, about {max(minutes, 0.1):.1f} min on 2 CPU cores (less on more); "
+    "--no_umap skips it (the other figures and report.md are made all the same)"
+  )
+
+
+def _population_notes(runs: list[dict]) -> list[str]:
+  """What the report says about the population runs among `runs`: one row per combination, and
+  which rows have the paper's number."""
+  notes = []
+  for workdir in dict.fromkeys(r["workdir"] for r in runs if r["values"]):
+    combos = [r for r in runs if r["workdir"] == workdir]
+    fields = list(combos[0]["values"])
+    seeds = sorted({len(_seeds(r)) for r in combos})
+    notes.append(
+      f"{workdir} is a population of {len(combos)} combinations of {', '.join(fields)} "
+      f"x {' or '.join(map(str, seeds))} seed{'s' if seeds != [1] else ''}: each combination is a row "
+      "of its own, ± only over its own seeds (where it has 2 or more). The paper's number stands only "
+      "beside combinations whose values are the config's own ("
+      + ", ".join(f"{f} = {v}" for f, v in combos[0]["own_values"].items())
+      + ")."
+    )
+  return notes
 
 
 def _curve_figures(runs: list[dict], out: pathlib.Path, notes: list[str]) -> list[tuple[str, str]]:
@@ -852,6 +979,11 @@ def main(argv):
     missing = cli.missing_extra("umap", "experiments.analyze's UMAP figures (or pass --no_umap)")
   if missing:
     sys.exit(f"error: {missing}")
+  for workdir in _WORKDIRS.value:  # every one, before anything is computed or written
+    try:
+      analysis.check_workdir(workdir)
+    except ValueError as e:
+      sys.exit(f"error: --workdir: {e}")
   analyze(
     _WORKDIRS.value,
     _OUT.value,

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 import subprocess
 import sys
 import types
@@ -421,3 +422,164 @@ def test_the_comparison_figure_names_the_data_set_and_its_one_task_level():
   assert analyze._comparison_title([mnist, fashion, mnist]).startswith("Split MNIST / FashionMNIST,")
   assert analyze._last_task_only_level(fashion) == 0.2
   assert analyze._last_task_only_level(cifar100) == 0.1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# experiments.analyze on a population, and on folders that are not a run's workdir.
+
+
+def _embedding_file(path):
+  """Ten classes of 16-d non-negative features (40 train, 20 test each), clustered, so that a few
+  epochs learn each task: a stand-in for MNIST that costs nothing to train on (as claims_test.py's)."""
+  from sdm_jax.data import embeddings
+
+  rng = np.random.default_rng(0)
+  means = np.abs(rng.normal(size=(10, 16))) * 2
+
+  def split(n):
+    y = np.repeat(np.arange(10), n)
+    return np.abs(means[y] + 0.5 * rng.normal(size=(len(y), 16))).astype(np.float32), y
+
+  (x, y), (tx, ty) = split(40), split(20)
+  meta = dict(dataset="synthetic", dataset_source="synthetic", lossy=False, embedder="none", dim=16, embedder_key="k")
+  return embeddings.save_embeddings(
+    path, train_embeddings=x, train_labels=y, test_embeddings=tx, test_labels=ty, meta=meta
+  )
+
+
+def _table(report: str, header_start: str) -> list[dict]:
+  """The rows of report.md's table whose header starts with `header_start`, as {column: cell}."""
+  lines = report.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+  header = [c.strip() for c in lines[start].strip("|").split("|")]
+  rows = []
+  for line in lines[start + 2 :]:
+    if not line.startswith("|"):
+      break
+    rows.append(dict(zip(header, [c.strip() for c in line.strip("|").split("|")])))
+  return rows
+
+
+@pytest.mark.slow
+def test_analyze_reports_a_population_per_combination_of_its_values(tmp_path):
+  """A population workdir (2 learning rates x 2 k x 2 seeds, 8 models) was reported as one run of
+  "8 seeds": one mean ± s.e.m. over different settings, the paper's number beside it, and the neurons
+  of every member computed with the largest k. Now each combination is a row with its values, a
+  spread over its own 2 seeds, its own k, and the paper's number only where its values are the
+  config's own."""
+  pytest.importorskip("matplotlib")
+  from experiments import analyze, driver
+
+  config = split_mnist.get_config("sdmlp,tiny")
+  own_lr = config.optimizer.learning_rate
+  config.data_dir = str(_embedding_file(tmp_path / "data.npz"))
+  config.dataset, config.model.input_size, config.model.neurons, config.model.k = "embeddings", 16, 32, 4
+  config.model.gaba_switch_epochs = 1.0
+  config.batch_size, config.epochs_per_task, config.eval_every, config.seeds = 8, 1, 1, (0, 1)
+  config.population.optimizer.learning_rate = (own_lr, 2 * own_lr)
+  config.population.model.k = (4, 6)
+  results = driver.train_and_evaluate(config, tmp_path / "pop")
+  report = analyze.analyze([str(tmp_path / "pop")], tmp_path / "out", max_examples=400, do_umap=False).read_text()
+
+  runs = _table(report, "| run | model |")
+  assert [(float(r["optimizer.learning_rate"]), int(r["model.k"])) for r in runs] == [
+    (own_lr, 4),
+    (own_lr, 6),
+    (2 * own_lr, 4),
+    (2 * own_lr, 6),
+  ]
+  for row in runs:
+    lr, k = float(row["optimizer.learning_rate"]), int(row["model.k"])
+    finals = [
+      s["final_accuracy"]
+      for s in results["per_seed"]
+      if math.isclose(s["optimizer.learning_rate"], lr) and s["model.k"] == k
+    ]
+    assert row["seeds"] == "2" and len(finals) == 2
+    assert row["final full-test accuracy"] == f"{np.mean(finals):.3f} ± {np.std(finals, ddof=1) / np.sqrt(2):.3f}"
+    own = math.isclose(lr, own_lr) and k == config.model.k
+    assert row["paper (500 epochs/task)"] == (str(config.paper_final_accuracy) if own else "n/a")
+  neurons = _table(report, "| run | optimizer.learning_rate | model.k | weighted mean entropy")
+  # Each combination's models run with their own k (after the GABA switch: k active per example).
+  assert [(r["model.k"], r["active neurons per example"].split(" ")[0]) for r in neurons] == [
+    ("4", "4.0"),
+    ("6", "6.0"),
+    ("4", "4.0"),
+    ("6", "6.0"),
+  ]
+  probes = _table(report, "| run | optimizer.learning_rate | model.k | own head")
+  for row, probe in zip(runs, probes):  # the head on the test set is the run's final accuracy, member by member
+    assert probe["own head, test set"] == row["final full-test accuracy"]
+  assert "population of 4 combinations of optimizer.learning_rate, model.k x 2 seeds" in report
+  assert "| 8 |" not in report
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "sweep root"])
+def test_a_folder_that_is_not_a_run_is_named_for_what_it_is(tmp_path, kind):
+  """A missing folder was said to have "no config.json", and each of these ended in a traceback."""
+  folder = tmp_path / "sweep"
+  if kind != "missing":
+    folder.mkdir()
+  if kind == "sweep root":
+    for name in ("learning_rate=0.02", "learning_rate=0.05"):
+      (folder / name).mkdir()
+      (folder / name / "config.json").write_text("{}")
+    (folder / "optimizer.learning_rate.md").write_text("| summary |")
+  expected = {
+    "missing": f"{folder} does not exist",
+    "empty": f"{folder} is an empty folder, not a run's folder",
+    "sweep root": f"{folder} is a folder of runs (a sweep's root), not a run: it holds the run folders "
+    f"learning_rate=0.02, learning_rate=0.05; analyse one, e.g. --workdir={folder / 'learning_rate=0.02'}",
+  }[kind]
+  with pytest.raises(ValueError, match="^" + re.escape(expected)):
+    analysis.load_run(folder)
+
+
+@pytest.mark.slow
+def test_analyze_refuses_a_folder_that_is_not_a_run_in_one_line_writing_nothing(tmp_path):
+  pytest.importorskip("matplotlib")
+  sweep = tmp_path / "sweep"
+  (sweep / "learning_rate=0.02").mkdir(parents=True)
+  (sweep / "learning_rate=0.02" / "config.json").write_text("{}")
+  (tmp_path / "empty").mkdir()
+  for folder, what in [
+    (tmp_path / "missing", "does not exist"),
+    (tmp_path / "empty", "is an empty folder, not a run's folder (no config.json)"),
+    (
+      sweep,
+      f"is a folder of runs (a sweep's root), not a run: it holds the run folder learning_rate=0.02; "
+      f"analyse one, e.g. --workdir={sweep / 'learning_rate=0.02'}",
+    ),
+  ]:
+    before = sorted(tmp_path.rglob("*"))
+    proc = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={folder}", "--no_umap"],
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == f"error: --workdir: {folder} {what}", proc.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_analyze_says_umap_is_next_and_how_to_skip_it_before_it_starts(tmp_path, monkeypatch, caplog):
+  """analyze took minutes in UMAP without a word: one line now says, before the first fit, that UMAP
+  is next, about how long it takes, and that --no_umap skips it."""
+  pytest.importorskip("matplotlib")
+  from experiments import analyze
+
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,), neurons=40)
+  said_before = []
+
+  def fake_fit(weights, data, **_):
+    said_before.append(any(r.getMessage().startswith("UMAP next:") for r in caplog.records))
+    return np.zeros((len(data), 2)), np.zeros((len(weights), 2))
+
+  monkeypatch.setattr(analysis, "umap_fit_weights", fake_fit)
+  monkeypatch.setattr(analysis, "umap_fit_data", fake_fit)
+  with caplog.at_level("INFO"):
+    analyze.analyze([str(sdm)], tmp_path / "out", max_examples=100, do_umap=True)
+  notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("UMAP next:")]
+  assert said_before == [True, True] and len(notices) == 1
+  assert "2 fits on 100 examples for each of 1 run, about " in notices[0] and "--no_umap skips it" in notices[0]

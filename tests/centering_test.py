@@ -134,3 +134,31 @@ def test_centering_spreads_a_common_component_and_recruits_more_neurons():
   assert raw_cos > 0.99 and centred_cos < 0.3
   assert float(cent.fired_fraction) > 3 * float(raw.fired_fraction)
   assert float(cent.output_mean) > 2 * float(raw.output_mean)  # larger gaps a_i - I after the switch
+
+
+def test_a_non_finite_example_is_left_out_of_the_running_mean():
+  """One NaN or inf example in training mode made the running mean non-finite for good, and with an
+  SDM layer after it every later output row NaN and its GABA counters stopped. Such rows are now left
+  out of the update: the mean is the one of the clean rows, and the layer after it keeps working."""
+  batches = _batches(steps=4, features=5)
+  bad = batches[0].copy()
+  bad[2, 1], bad[5, 4] = np.nan, np.inf
+  center = centering.Center(5)
+  sdm = sdm_jax.SDM(5, 40, k=3, switch_activations=1e9, rngs=nnx.Rngs(0))
+  out = np.asarray(sdm(center(bad)))
+  assert not np.isfinite(out[[2, 5]]).all()  # the bad rows' own output is non-finite (the loss shows it)
+  assert np.isfinite(np.delete(out, [2, 5], axis=0)).all()
+  counts = []
+  for b in batches[1:]:
+    counts.append(np.asarray(sdm.counts[...]).sum())
+    assert np.isfinite(np.asarray(sdm(center(b)))).all()
+  counts.append(np.asarray(sdm.counts[...]).sum())
+  assert counts[0] > 0 and np.all(np.diff(counts) > 0)  # the GABA counters keep moving
+  clean_means = [np.delete(bad, [2, 5], axis=0).mean(0)] + [b.mean(0) for b in batches[1:]]
+  np.testing.assert_allclose(center.mean[...], np.mean(clean_means, axis=0), rtol=1e-6)
+  assert float(center.steps[...]) == 4
+  center(np.full((3, 5), np.nan, np.float32))  # a batch with no finite row changes nothing
+  np.testing.assert_allclose(center.mean[...], np.mean(clean_means, axis=0), rtol=1e-6)
+  assert float(center.steps[...]) == 4
+  center.eval()
+  assert np.isfinite(np.asarray(sdm(center(batches[0])))).all()

@@ -302,3 +302,72 @@ def test_zero_input_warning_counts_each_tasks_real_examples():
   assert line.startswith("2 training example(s) have every feature <= 0") and "task 1: 1, task 2: 1" in line
   assert continual.zero_input_warning(tasks, models.relu_mlp(3, 8, 2)).startswith("1 training example(s)")
   assert continual.zero_input_warning(tasks.replace(train_x=np.abs(x) + 1), models.sdmlp(3, 8, 2, k=2)) is None
+
+
+def test_fit_refuses_stray_labels_at_the_top_naming_them_and_their_examples():
+  """A stray label 10 among 0..9 made C = 11 and was blamed on classes_per_task; two of them (10 and
+  11, one example each) trained silently as a sixth task with batch_size=1. Both are now refused as
+  y's, naming the labels and their examples; num_classes says they are classes after all."""
+  x, y = np.random.default_rng(0).normal(size=(400, 3)), np.arange(400) % 10
+  one, two = y.copy(), y.copy()
+  one[[17, 203]] = 10
+  two[17], two[203] = 10, 11
+  with pytest.raises(ValueError, match=r"^y: has 2 examples of label 10 \(indices 17, 203\) while the other labels, "):
+    fit.fit(x, one)
+  with pytest.raises(ValueError, match=r"^y: has 1 example of label 10 \(index 17\) and 1 of label 11 \(index 203\) "):
+    fit.fit(x, two, batch_size=1)
+  with pytest.raises(ValueError, match=r"0\.\.9, have at least 39 examples each: stray labels would make C = 12"):
+    fit.fit(x, two, batch_size=1)
+  # Told they are classes, fit takes them (and refuses only what is wrong next: 5 does not divide 12).
+  with pytest.raises(ValueError, match=r"^classes_per_task: 5 does not divide num_classes 12$"):
+    fit.fit(x, two, num_classes=12, classes_per_task=5)
+  with pytest.raises(ValueError, match=r"^y: y holds label 11 \(example 203\), not a class of 0\.\.10"):
+    fit.fit(x, two, num_classes=11)
+  with pytest.raises(ValueError, match=r"^num_classes: must be an integer, got 12\.0$"):
+    fit.fit(x, two, num_classes=12.0)
+  eleven = y.copy()
+  eleven[:30] = 10  # a top class with 30 examples beside 34 to 40 is no stray: C = 11, which 2 does not divide
+  with pytest.raises(ValueError, match=r"^classes_per_task: 2 does not divide num_classes 11$"):
+    fit.fit(x, eleven)
+
+
+def test_fit_takes_whole_float_labels_as_the_docs_say_and_refuses_others():
+  """own_data.md and fit's docstring: floats with whole values are labels; 0.5 is not, and neither is
+  1e30, which int64 cannot hold (it became a negative label and its example was dropped silently)."""
+  x, y = np.random.default_rng(0).normal(size=(40, 3)), np.repeat(np.arange(4), 10)
+  with pytest.raises(ValueError, match=r"^classes_per_task: 3 does not divide num_classes 4$"):
+    fit.fit(x, y.astype(np.float32), classes_per_task=3)  # y passed: the next check refuses
+  huge = y.astype(np.float64)
+  huge[3] = 1e30
+  with pytest.raises(ValueError, match=r"^y: labels must be integers, got 1e\+30 at example 3$"):
+    fit.fit(x, huge)
+
+
+def _quoted_refusals(page: str) -> list[tuple[str, str]]:
+  """own_data.md's example block of refusals: (the code up to a call, the message quoted under it)."""
+  block = re.search(r"## What `fit` refuses.*?```python\n(.*?)```", page, re.S).group(1)
+  cases, code = [], []
+  for line in block.splitlines():
+    if line.startswith("# ValueError: "):
+      cases.append(("\n".join(code), line.removeprefix("# ValueError: ")))
+      code = code[:-1]  # the refused call is not run again for the next case
+    else:
+      code.append(line)
+  return cases
+
+
+def test_every_error_the_own_data_page_quotes_is_what_fit_raises():
+  """The page quoted `k: must satisfy 1 <= k < neurons (20), got 30`, which the code no longer
+  printed. Each quoted message now sits under the call that raises it, and this runs the calls."""
+  page = (README.parent / "docs" / "guide" / "own_data.md").read_text()
+  cases = _quoted_refusals(page)
+  assert len(cases) >= 4
+  prose = page.replace(re.search(r"## What `fit` refuses.*?```python\n(.*?)```", page, re.S).group(1), "")
+  assert not re.findall(r"raises `[^`]*`", prose), "quote errors in the example block, where this test runs them"
+  for code, quoted in cases:
+    *setup, call = code.splitlines()
+    namespace = {}
+    exec("\n".join(setup), namespace)
+    with pytest.raises(ValueError) as refused:
+      exec(call, namespace)
+    assert quoted in str(refused.value), call

@@ -87,7 +87,10 @@ class Center(nnx.Module):
 
   In training mode (the default) the call updates the statistics with the batch's mean and then
   subtracts the updated mean; in evaluation mode (`model.eval()`) or after `freeze()` it subtracts
-  the stored mean only.
+  the stored mean only. The batch's mean is over its finite rows: a row holding a NaN or an inf is
+  left out of the update (a batch of only such rows changes nothing), so one bad example cannot
+  make the mean, and every later output, non-finite. That row's own output is still computed, and
+  is non-finite: the loss shows it.
   """
 
   def __init__(self, features: int, *, momentum: float | None = None, freeze_after: int | None = None):
@@ -110,10 +113,16 @@ class Center(nnx.Module):
     if x.shape[1] != self.features:
       raise ValueError(f"x must have {self.features} features per example, got shape {x.shape}")
     if not (self.deterministic or self.frozen):
+      # Only finite rows update the mean: one NaN or inf example would otherwise make it (and every
+      # later output) non-finite for good. A batch with no finite row leaves the statistics alone.
+      finite = jnp.all(jnp.isfinite(x), axis=1)
+      count = jnp.sum(finite)
+      batch_mean = jnp.sum(jnp.where(finite[:, None], x, 0.0), axis=0) / jnp.maximum(count, 1)
       mean, steps = running_mean_update(
-        self.mean[...], self.steps[...], jnp.mean(x, axis=0), momentum=self.momentum, freeze_after=self.freeze_after
+        self.mean[...], self.steps[...], batch_mean, momentum=self.momentum, freeze_after=self.freeze_after
       )
-      self.mean[...], self.steps[...] = mean, steps
+      self.mean[...] = jnp.where(count > 0, mean, self.mean[...])
+      self.steps[...] = jnp.where(count > 0, steps, self.steps[...])
     return x - jax.lax.stop_gradient(self.mean[...])
 
   def freeze(self) -> None:

@@ -112,25 +112,22 @@ def activation_counts(hidden, labels, num_classes: int, threshold: float = COUNT
 
 
 class NeuronEntropy(NamedTuple):
-  """Class entropy of each neuron (paper App. H, Table 10; docs/reference_code.md#analysis).
+  """Class entropy of each neuron (paper App. H, Table 10; docs/reference_code.md#analysis)."""
 
-  Attributes:
-    entropy: [r] entropy in nats of the neuron's class distribution; NaN for
-      neurons that never fired (the reference drops them).
-    activations: [r] total number of activations of each neuron.
-    share: [r] each neuron's share of all activations (the weights).
-    mean: unweighted mean entropy over neurons that fired.
-    median: median entropy over neurons that fired.
-    weighted_mean: sum of share * entropy: the entropy of an average activation.
-    num_active: number of neurons that fired at least once.
-  """
-
+  #: [r] entropy in nats of the neuron's class distribution; NaN for neurons that never fired (the
+  #: reference drops them).
   entropy: np.ndarray
+  #: [r] total number of activations of each neuron.
   activations: np.ndarray
+  #: [r] each neuron's share of all activations (the weights).
   share: np.ndarray
+  #: Unweighted mean entropy over neurons that fired.
   mean: float
+  #: Median entropy over neurons that fired.
   median: float
+  #: Sum of share * entropy: the entropy of an average activation.
   weighted_mean: float
+  #: Number of neurons that fired at least once.
   num_active: int
 
 
@@ -193,20 +190,17 @@ def max_activating_class(max_activation, argmax_label) -> np.ndarray:
 
 
 class Curves(NamedTuple):
-  """Per-evaluation curves averaged over seeds.
+  """Per-evaluation curves averaged over seeds."""
 
-  Attributes:
-    epoch: [E] global epoch (1-based: epochs done so far over all tasks).
-    task: [E] index of the task being trained at that evaluation.
-    mean: column name -> [E] mean over seeds.
-    sem: column name -> [E] standard error of the mean over seeds (0 for one seed).
-    num_seeds: [E] number of seeds averaged at each evaluation.
-  """
-
+  #: [E] global epoch (1-based: epochs done so far over all tasks).
   epoch: np.ndarray
+  #: [E] index of the task being trained at that evaluation.
   task: np.ndarray
+  #: Column name -> [E] mean over seeds.
   mean: dict[str, np.ndarray]
+  #: Column name -> [E] standard error of the mean over seeds (0 for one seed).
   sem: dict[str, np.ndarray]
+  #: [E] number of seeds averaged at each evaluation.
   num_seeds: np.ndarray
 
   @property
@@ -334,24 +328,21 @@ def seed_params(params: Mapping, index: int) -> dict:
 
 
 class NeuronStats(NamedTuple):
-  """What a model's hidden layer does on a set of examples (`neuron_statistics`).
+  """What a model's hidden layer does on a set of examples (`neuron_statistics`)."""
 
-  Attributes:
-    counts: [C, r] activations != 0 per class (reference counts).
-    counts_entropy: [C, r] activations > 0.001 per class (reference entropy).
-    activity_sum: [r] summed activation (for the dead fraction).
-    max_activation: [r] largest activation of each neuron.
-    argmax_label: [r] label of the example giving it (first one on ties).
-    active_per_example: mean number of neurons != 0 per example.
-    num_examples: N.
-  """
-
+  #: [C, r] activations != 0 per class (reference counts).
   counts: np.ndarray
+  #: [C, r] activations > 0.001 per class (reference entropy).
   counts_entropy: np.ndarray
+  #: [r] summed activation (for the dead fraction).
   activity_sum: np.ndarray
+  #: [r] largest activation of each neuron.
   max_activation: np.ndarray
+  #: [r] label of the example giving it (first one on ties).
   argmax_label: np.ndarray
+  #: Mean number of neurons != 0 per example.
   active_per_example: float
+  #: N, the number of examples.
   num_examples: int
 
 
@@ -462,24 +453,23 @@ def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: 
 
 
 class ReadoutProbe(NamedTuple):
-  """A model's own head against a linear probe of its hidden activations (`readout_probe`).
+  """A model's own head against a linear probe of its hidden activations (`readout_probe`)."""
 
-  Attributes:
-    head: accuracy of the model's own output layer on the test examples (what the run reports).
-    probe: accuracy on the same test examples of a linear readout of the same activations, fit on
-      training examples of every class at once.
-    probe_train: the probe's accuracy on the examples it was fit on.
-  """
-
+  #: Accuracy of the model's own output layer on the test examples (what the run reports).
   head: float
+  #: Accuracy on the same test examples of a linear readout of the same activations, fit on training
+  #: examples of every class at once.
   probe: float
+  #: The probe's accuracy on the examples it was fit on.
   probe_train: float
 
 
 class LinearProbe(NamedTuple):
   """A linear readout fit on fixed features (`linear_probe`)."""
 
+  #: The probe's accuracy on the examples it was fit on.
   train_accuracy: float
+  #: Its accuracy on the test examples.
   test_accuracy: float
   test_predictions: np.ndarray  #: [N_test] the predicted class of each test example
 
@@ -652,12 +642,36 @@ def summarize_entropy(per_seed: Sequence[NeuronEntropy]) -> dict[str, tuple[floa
   return out
 
 
+def check_workdir(workdir) -> pathlib.Path:
+  """`workdir` as a run's folder (it holds config.json), or ValueError in one line saying what it
+  is instead: missing, a file, empty, a sweep root (naming the run folders it holds, one of which
+  is what to analyse) or another folder."""
+  path = pathlib.Path(workdir)
+  if not path.exists():
+    raise ValueError(f"{path} does not exist")
+  if not path.is_dir():
+    raise ValueError(f"{path} is a file, not a run's folder")
+  if (path / "config.json").is_file():
+    return path
+  inside = sorted(path.iterdir())
+  if not inside:
+    raise ValueError(f"{path} is an empty folder, not a run's folder (no config.json)")
+  runs = [p.name for p in inside if (p / "config.json").is_file()]
+  if runs:
+    shown = ", ".join(runs[:5]) + (f", ... ({len(runs)} in all)" if len(runs) > 5 else "")
+    raise ValueError(
+      f"{path} is a folder of runs (a sweep's root), not a run: it holds the run folder"
+      f"{'s' if len(runs) > 1 else ''} {shown}; "
+      f"analyse one, e.g. --workdir={path / runs[0]}"
+    )
+  raise ValueError(f"{path} has no config.json: not a run's folder (a run writes config.json first)")
+
+
 def load_run(workdir) -> dict[str, Any]:
-  """A run's outputs: config (dict), results (dict or None), metrics rows, final_state path or None."""
-  workdir = pathlib.Path(workdir)
+  """A run's outputs: config (dict), results (dict or None), metrics rows, final_state path or None
+  (`check_workdir`'s ValueError for a folder that is not a run's)."""
+  workdir = check_workdir(workdir)
   config_path, results_path, metrics_path = (workdir / n for n in ("config.json", "results.json", "metrics.csv"))
-  if not config_path.exists():
-    raise FileNotFoundError(f"{workdir} has no config.json: not a workdir of experiments.split_mnist")
   state = workdir / "final_state.npz"
   return dict(
     workdir=workdir,
@@ -666,3 +680,76 @@ def load_run(workdir) -> dict[str, Any]:
     rows=metric_writers.read_rows(metrics_path) if metrics_path.exists() else [],
     final_state=state if state.exists() else None,
   )
+
+
+def _population_fields(population: Mapping, prefix: str = "") -> list[str]:
+  """The dotted fields of a config's `population` section that hold values."""
+  fields = []
+  for name, value in population.items():
+    if isinstance(value, Mapping):
+      fields += _population_fields(value, f"{prefix}{name}.")
+    elif value:
+      fields.append(prefix + name)
+  return fields
+
+
+def _config_value(config: Mapping, field: str):
+  for part in field.split("."):
+    config = config[part]
+  return config
+
+
+def _own_value(value, own) -> bool:
+  return math.isclose(value, own, rel_tol=1e-9) if isinstance(own, (int, float)) else value == own
+
+
+def population_runs(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """`load_run`'s run as one run per combination of its population's values (an ordinary run: itself).
+
+  A population (`config.population`, e.g. launch.sweep's `population__<axes>/` folder) trains every
+  combination of values x every seed as members of one program: results.json's `per_seed[i]` and
+  metrics.csv's rows carry each member's "member" index, its seed and its values. The members of a
+  combination are seeds of one setting; different combinations are different settings, never
+  averaged together. Each run returned has `values` ({dotted field: value}; {} for an ordinary run),
+  `config` with those values in place and no population (what the members trained with), `results`
+  and `rows` of its members only, `members` (their indices in final_state.npz; None: every index),
+  `own_values` (the config's own value of each field) and `paper` (its values are the config's own,
+  so the paper's number may stand beside it).
+  """
+  run = dict(run, values={}, members=None, own_values={}, paper=True)
+  fields = set(_population_fields(run["config"].get("population") or {}))
+  entries = (run["results"] or {}).get("per_seed") or run["rows"]
+  if not fields or not entries or "member" not in entries[0]:
+    return [run]
+  fields = [f for f in entries[0] if f in fields]  # in the members' order (their labels')
+  groups: dict[tuple, list[int]] = {}
+  for entry in entries:  # (metrics.csv has a row per member per evaluation)
+    members = groups.setdefault(tuple(entry[f] for f in fields), [])
+    if entry["member"] not in members:
+      members.append(int(entry["member"]))
+  own = {f: _config_value(run["config"], f) for f in fields}
+  combinations = []
+  for key, members in groups.items():
+    values = dict(zip(fields, key))
+    config = json.loads(json.dumps(run["config"]))
+    for field, value in values.items():
+      *parents, leaf = field.split(".")
+      _config_value(config, ".".join(parents))[leaf] = value
+      _config_value(config["population"], ".".join(parents))[leaf] = []
+    results = None
+    if run["results"]:
+      per_seed = [e for e in run["results"]["per_seed"] if e["member"] in members]
+      results = dict(run["results"], per_seed=per_seed)
+    combinations.append(
+      dict(
+        run,
+        config=config,
+        results=results,
+        rows=[r for r in run["rows"] if r["member"] in members],
+        values=values,
+        members=members,
+        own_values=own,
+        paper=all(_own_value(v, own[f]) for f, v in values.items()),
+      )
+    )
+  return combinations

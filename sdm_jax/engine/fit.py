@@ -82,22 +82,24 @@ def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.
     validation.fail(e.field, e.message)
 
 
-def _fit_arrays(x, y, test_x, test_y, class_order) -> tuple[dict, list[int]]:
+def _fit_arrays(x, y, test_x, test_y, class_order, num_classes=None) -> tuple[dict, list[int]]:
   """The dataset `fit` splits into tasks, and its class order, checked (`validation`)."""
   x = validation.check_features("x", x)
   y = validation.check_labels("y", y, len(x), "x")
   if (test_x is None) != (test_y is None):
     given, other = ("test_x", "test_y") if test_y is None else ("test_y", "test_x")
     validation.fail(given, f"given without {other}: pass both (the test split), or neither (evaluate on x, y)")
-  num_classes = int(y.max()) + 1
-  validation.check_classes(
-    "y",
-    y,
-    num_classes,
-    where="y",
-    note=f" (labels must be 0..C-1, every class with examples; C = {num_classes} from label "
-    f"{num_classes - 1}, example {int(np.argmax(y))})",
-  )
+  if num_classes is None:
+    num_classes = int(y.max()) + 1
+    note = (
+      f" (labels must be 0..C-1, every class with examples; C = {num_classes} from label "
+      f"{num_classes - 1}, example {int(np.argmax(y))})"
+    )
+    validation.check_classes("y", y, num_classes, where="y", note=note)
+    validation.check_stray_labels("y", y, num_classes)
+  else:
+    num_classes = validation.check_int("num_classes", num_classes)
+    validation.check_classes("y", y, num_classes, where="y", note=f" (num_classes={num_classes})")
   if test_x is None:
     test_x, test_y = x, y
   else:
@@ -139,6 +141,7 @@ def fit(
   test_y=None,
   classes_per_task: int = 2,
   class_order: Sequence[int] | None = None,
+  num_classes: int | None = None,
   model: models.ModelSpec | str = "sdmlp",
   neurons: int = 1000,
   k: int = 10,
@@ -157,7 +160,11 @@ def fit(
   """Your own arrays through the class-incremental protocol (paper Sec. 4); returns a `FitResult`.
 
   x: [N, ...] features or uint8 pixels (uint8 is scaled by 1/255, as MNIST); y: [N] integer
-  labels 0..C-1. Without a test split the training data is evaluated on (say so when you report).
+  labels 0..C-1 (an integer dtype, or floats with whole values such as 3.0, taken as integers).
+  C is `num_classes`, by default the largest label + 1; then labels at the top that each have at
+  most a tenth of the examples of every class below them are refused as strays (a typo's 10 among
+  the digits 0..9 would be an eleventh class): pass `num_classes` when they are real classes.
+  Without a test split the training data is evaluated on (say so when you report).
   Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
   "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
   `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
@@ -177,13 +184,14 @@ def fit(
 
   Every argument is checked first, with the config schema's rules (`sdm_jax.engine.validation`): x and
   test_x finite numbers of one feature shape; y and test_y integer labels, one per example, y
-  holding every class of 0..C-1 and test_y no other; test_x with test_y; class_order each class
-  once; classes_per_task dividing C; 1 <= k < neurons; positive counts, eval_every dividing
-  epochs_per_task, batch_size at most the smallest task, a run within the int32 epoch and step
-  counters; distinct integer seeds; a writable workdir no other run holds. A bad one raises
+  holding every class of 0..C-1 (and no stray top label) and test_y no other; test_x with test_y;
+  num_classes a positive integer; class_order each class once; classes_per_task dividing C;
+  1 <= k < neurons; positive counts, eval_every dividing epochs_per_task, batch_size at most the
+  smallest task, a run within the int32 epoch and step counters; distinct integer seeds; a
+  writable workdir no other run holds. A bad one raises
   ValueError naming the argument (and the example), before anything is compiled or written.
   """
-  dataset, order = _fit_arrays(x, y, test_x, test_y, class_order)
+  dataset, order = _fit_arrays(x, y, test_x, test_y, class_order, num_classes)
   validation.check_classes_per_task("classes_per_task", classes_per_task, len(order))
   eval_every = epochs_per_task if eval_every is None else eval_every
   validation.check_schedule("", epochs_per_task, eval_every, batch_size)

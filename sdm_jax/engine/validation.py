@@ -171,13 +171,13 @@ def check_features(name: str, x: Any, *, like: np.ndarray | None = None, like_na
 
 
 def check_labels(name: str, y: Any, num_examples: int, x_name: str) -> np.ndarray:
-  """One integer label >= 0 per example of `x_name` (whole-valued floats are taken as integers);
-  returns them as int64."""
+  """One integer label >= 0 per example of `x_name` (whole-valued floats, e.g. 3.0, are taken as
+  integers, up to 2**53 where a float holds every integer exactly); returns them as int64."""
   y = np.asarray(y)
   if y.ndim != 1 or len(y) != num_examples:
     fail(name, f"must hold one label per example: {x_name} has {num_examples} examples, {name} has shape {y.shape}")
   if y.dtype.kind == "f":
-    whole = np.isfinite(y) & (y == np.round(y))
+    whole = np.isfinite(y) & (y == np.round(y)) & (np.abs(y) < 2.0**53)
     if not whole.all():
       i = int(np.argmin(whole))
       fail(name, f"labels must be integers, got {y[i]} at example {i}")
@@ -224,6 +224,44 @@ def check_classes(
     if count:
       verb = "has" if count == 1 else "have"
       fail(name, f"{_listed(first, count)} of 0..{num_classes - 1} {verb} no examples in {where}{note}")
+
+
+#: A top label with at most 1/STRAY_LABEL_RATIO of the examples of every class below it is taken for a
+#: stray (`check_stray_labels`).
+STRAY_LABEL_RATIO = 10
+
+
+def check_stray_labels(name: str, labels: np.ndarray, num_classes: int) -> None:
+  """No stray labels at the top of 0..num_classes-1: labels that each have at most 1 /
+  `STRAY_LABEL_RATIO` of the examples of every class below them, as a typo's label 10 among the
+  digits 0..9. With C taken from the largest label they would pass as classes of their own (C = 11,
+  which no 2 classes per task divide; two such labels, a sixth task of a few examples). Call after
+  `check_classes` (every class has an example); the message names the labels and their examples,
+  and `fit`'s `num_classes` for labels that are classes after all."""
+  counts = np.bincount(labels, minlength=num_classes)
+  most_above = np.maximum.accumulate(counts[::-1])[::-1]  # [t]: the most examples of a class >= t
+  fewest_below = np.minimum.accumulate(counts)  # [t]: the fewest examples of a class <= t
+  stray = np.flatnonzero(most_above[1:] * STRAY_LABEL_RATIO <= fewest_below[:-1])
+  if not stray.size:
+    return
+  first = int(stray[0]) + 1  # labels first..num_classes-1 are strays
+  parts = []
+  for label in range(first, min(num_classes, first + 5)):
+    where = np.flatnonzero(labels == label)
+    shown = ", ".join(str(i) for i in where[:5]) + (", ..." if len(where) > 5 else "")
+    examples = f"{len(where)} example{'s' if len(where) > 1 else ''}" if not parts else str(len(where))
+    parts.append(f"{examples} of label {label} ({'index' if len(where) == 1 else 'indices'} {shown})")
+  if num_classes - first > 5:
+    listed = ", ".join(parts) + f", ... ({num_classes - first} labels in all)"
+  else:
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+  one = num_classes - first == 1
+  fail(
+    name,
+    f"has {listed} while the other labels, 0..{first - 1}, have at least {fewest_below[first - 1]} examples "
+    f"each: {'a stray label' if one else 'stray labels'} would make C = {num_classes} classes; correct {name}, "
+    f"or pass num_classes={num_classes} if {'it is a class' if one else 'they are classes'}",
+  )
 
 
 def check_class_order(name: str, order: Any, num_classes: int) -> list[int]:
