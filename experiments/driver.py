@@ -15,7 +15,8 @@ writing curves, progress lines and results.
 
 Outputs in `workdir` (docs/design.md#outputs-of-a-run): `config.json`, `results.json` (per seed: the
 accuracy matrix `acc[after_task][on_task]`, the task-incremental matrix,
-final full-test accuracy, dead-neuron fraction; the run's wall time),
+final full-test accuracy, dead-neuron fraction; the run's wall time; its status: "finished",
+"failed" with the reason, or "interrupted" by SIGTERM or Ctrl-C, when the same command resumes it),
 `metrics.csv` (the curves: one row per seed per evaluation), TensorBoard
 event files in `tensorboard/`, `checkpoints/` and `final_state.npz`.
 
@@ -37,6 +38,8 @@ import json
 import os
 import pathlib
 import platform
+import signal
+import threading
 import time
 
 from absl import logging
@@ -412,14 +415,8 @@ def _train(
     checkpoint.save(checkpoints, progress.blocks_done, mesh_lib.unpad(states, len(seeds), mesh), saved, config_json)
 
   spec = engine.spec
-  logging.info(
-    f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
-    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} k={spec.hidden.k} ({spec.hidden.k_schedule}), "
-    f"optimizer {config.optimizer.name} lr={config.optimizer.learning_rate}, seeds {list(config.seeds)}, "
-    + (f"population of {len(seeds) // len(config.seeds)} values x {len(config.seeds)} seeds, " if values else "")
-    + f"backend {placement.platform()}"
-    + _mesh_note(mesh, len(seeds))
-  )
+  logging.info(_run_line(config, spec, tasks, values) + _mesh_note(mesh, len(seeds)))
+  sigterm = _Sigterm.install()
   try:
     t0 = time.time()
     for states, block in continual.run(
@@ -436,23 +433,133 @@ def _train(
       if block.warning:
         logging.warning(block.warning)
       if block.task_end or progress.blocks_done % checkpoint_every == 0:
-        save(states)
+        with sigterm.deferred():  # a checkpoint is saved whole
+          save(states)
       switching = engine.policy.sgd is not None and spec.hidden.k_schedule == "gaba" and not progress.sparse.started
       logging.info(_progress_line(block, progress, config, speed, switching))
       t0 = time.time()
+    sigterm.ignore()  # the training is done: the run finishes, whatever signal comes now
     status = "finished"
     final_states = mesh_lib.to_host(mesh_lib.unpad(states, len(seeds), mesh))  # (every process gathers)
     if is_main:
       final_state.save(workdir / "final_state.npz", final_states, seeds, data=tasks.identity)
   except BaseException as e:
-    if status == "running":
+    if status == "running" and isinstance(e, (Terminated, KeyboardInterrupt)):
+      status, failure = "interrupted", f"stopped by {'SIGTERM' if isinstance(e, Terminated) else 'Ctrl-C'}"
+    elif status == "running":
       status, failure = "failed", _failure(e, workdir)
     raise
   finally:
-    results = _results(config, spec, tasks, progress, elapsed_before + time.time() - start, status, failure)
-    _write_last(workdir, writer, results if is_main else None, failed=status != "finished")
+    sigterm.ignore()  # (results.json is written whole, whatever signal comes now)
+    try:
+      results = _results(config, spec, tasks, progress, elapsed_before + time.time() - start, status, failure)
+      _write_last(workdir, writer, results if is_main else None, failed=status != "finished")
+    finally:
+      sigterm.uninstall()
+    if status == "interrupted":
+      logging.warning(_interrupted_line(failure, workdir, progress, checkpoints, config, tasks))
   _log_final(results, workdir, tasks)
   return results
+
+
+def _run_line(config, spec, tasks: continual.Tasks, values: list[dict] | None) -> str:
+  """The run's first log line: data, schedule, model, optimiser, seeds, backend. In a population
+  the swept fields show their values instead of the base config's (k in (5, 10))."""
+  axes = {} if not values else {field: tuple(dict.fromkeys(v[field] for v in values)) for field in values[0]}
+  shown = lambda field, name, value: f"{name} in {_values_text(axes[field])}" if field in axes else f"{name}={value}"
+  others = [f"{field} in {_values_text(v)}" for field, v in axes.items() if field not in _IN_THE_RUN_LINE]
+  n = len(config.seeds)
+  population = (
+    f"population of {len(values) // n} combinations{' (' + ', '.join(others) + ')' if others else ''} x {n} "
+    f"seed{'s' if n > 1 else ''}, "
+    if values
+    else ""
+  )
+  return (
+    f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
+    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} "
+    f"{shown('model.k', 'k', spec.hidden.k)} ({spec.hidden.k_schedule}), optimizer {config.optimizer.name} "
+    f"{shown('optimizer.learning_rate', 'lr', config.optimizer.learning_rate)}, seeds {list(config.seeds)}, "
+    f"{population}backend {placement.platform()}"
+  )
+
+
+#: Population fields the run line shows in place (as k and lr); the others it names beside the population.
+_IN_THE_RUN_LINE = ("model.k", "optimizer.learning_rate")
+
+
+def _value_text(value) -> str:
+  return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _values_text(values) -> str:
+  return "(" + ", ".join(map(_value_text, values)) + ")"
+
+
+class Terminated(SystemExit):
+  """The run got SIGTERM (`_Sigterm`). A SystemExit, so that a command line ends without a traceback,
+  with the status a shell gives a process SIGTERM ends (128 + 15); the run has written results.json
+  ("interrupted") and kept its checkpoints."""
+
+  def __init__(self):
+    super().__init__(128 + signal.SIGTERM)
+
+
+class _Sigterm:
+  """While a run trains, SIGTERM raises `Terminated` in it (Python's default ends the process at
+  once, writing nothing: no results.json, no line saying why), so that it ends as an interrupted run.
+  A checkpoint being saved is finished first (`deferred`). Installed only in the main thread (where
+  Python runs signal handlers) and only over the default action: a program's own handler is kept."""
+
+  def __init__(self, installed: bool):
+    self.installed, self.deferring, self.pending = installed, False, False
+
+  @classmethod
+  def install(cls) -> _Sigterm:
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+      return cls(installed=False)
+    sigterm = cls(installed=True)
+    signal.signal(signal.SIGTERM, sigterm._handle)
+    return sigterm
+
+  def _handle(self, signum, frame) -> None:
+    if self.deferring:
+      self.pending = True
+      return
+    self.deferring = True  # once: the run's last writes are not cut short by a second one
+    raise Terminated()
+
+  @contextlib.contextmanager
+  def deferred(self):
+    """A SIGTERM that comes within waits until the block is done, then raises."""
+    self.deferring = True
+    try:
+      yield
+    finally:
+      self.deferring = False
+    if self.pending:
+      self.pending = False
+      self._handle(signal.SIGTERM, None)
+
+  def ignore(self) -> None:
+    self.deferring = True
+
+  def uninstall(self) -> None:
+    if self.installed:
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupted_line(failure: str, workdir: pathlib.Path, progress, checkpoints, config, tasks) -> str:
+  """The log's line for a run stopped by a signal: where it stopped, and that the same command resumes."""
+  total = schema.schedule_of(config).blocks_per_task * tasks.num_tasks
+  saved = checkpoints.latest_step()
+  where = (
+    f"from its checkpoint after {saved} of {total} evaluation blocks" if saved else "from the start (no checkpoint yet)"
+  )
+  return (
+    f"{failure} after {progress.blocks_done} of {total} evaluation blocks; {workdir / 'results.json'} says "
+    f'"interrupted"; the same command resumes {where}'
+  )
 
 
 def _failure(e: BaseException, workdir: pathlib.Path) -> str:
@@ -489,13 +596,30 @@ def _write_last(workdir: pathlib.Path, writer, results: dict | None, *, failed: 
       logging.error(f"could not write {what} of the failed run in {workdir}: {e}")
 
 
+#: How many of a population's combinations the last log line lists (best first; results.json has all).
+BEST_SHOWN = 5
+
+
 def _log_final(results: dict, workdir: pathlib.Path, tasks: continual.Tasks) -> None:
   summary, where = results["summary"], results.get("evaluated_on", "test")
   what = "full-test accuracy (paper metric)" if where == "test" else "accuracy on the held-out validation split"
   if "population" in results:  # the mean over every model says little: each combination's, best first
-    best = sorted(results["population"], key=lambda p: -p["final_accuracy_mean"])[:3]
-    text = "; ".join(f"{p['values']} {p['final_accuracy_mean']:.4f} ± {p['final_accuracy_sem']:.4f}" for p in best)
-    line = f"final {what}, best of {len(results['population'])} combinations (mean over seeds): {text}"
+    ranked = sorted(results["population"], key=lambda p: -p["final_accuracy_mean"])
+    best = ranked[:BEST_SHOWN]
+    text = "; ".join(
+      " ".join(f"{field}={_value_text(v)}" for field, v in p["values"].items())
+      + f" {p['final_accuracy_mean']:.4f}"
+      + (f" ± {p['final_accuracy_sem']:.4f}" if p["num_seeds"] > 1 else "")
+      for p in best
+    )
+    seeds = best[0]["num_seeds"]
+    which = (
+      f"the {len(ranked)} combinations"
+      if len(best) == len(ranked)
+      else f"the best {len(best)} of {len(ranked)} combinations"
+    )
+    over = f"mean ± s.e.m. over {seeds} seeds" if seeds > 1 else "one seed"
+    line = f"final {what}, {which}, best first ({over}): {text}"
   else:
     line = f"final {what}: {summary['final_accuracy_mean']:.4f}" + (
       f" ± {summary['final_accuracy_sem']:.4f} (s.e.m., {summary['num_seeds']} seeds)"

@@ -31,9 +31,9 @@ import ml_collections
 
 from experiments import cli
 
-# Fields an override may change while a row still counts as using the paper's settings: how long and
-# where it runs, how often it is looked at, which seeds. (The table shows the epochs per task beside
-# the paper's number, as for the quick schedules, whose GABA T and Top-K schedule scale with them.)
+# Fields an override may change while a row still counts as using the paper's settings: where it runs,
+# how often it is looked at, which seeds. How long it runs (the epochs per task, and GABA T and the
+# Top-K schedule that scale with them) is checked against the paper's protocol instead (`why_not_paper`).
 BOOKKEEPING_FIELDS = (
   "seeds",
   "eval_every",
@@ -253,23 +253,49 @@ def _combinations(sweep) -> dict[str, tuple[ml_collections.ConfigDict, dict]]:
   return runs
 
 
+# The paper's protocol as far as a size option changes it: how long each task trains, and what scales
+# with it where the model uses it (GABA T with the GABA schedule, the Top-K schedule's length with the
+# linear one): (field, the model.k_schedule it matters for, None: every one). A row compared with the
+# paper runs the protocol's values of them.
+PROTOCOL_FIELDS = (
+  ("epochs_per_task", None),
+  ("model.gaba_switch_activations", "gaba"),
+  ("model.k_transition_epochs", "linear"),
+)
+
+
 def why_not_paper(sweep, config: ml_collections.ConfigDict, chosen: dict) -> list[str]:
-  """Why the run does not use the paper's settings as far as the sweep changes them (empty: it
-  does): the swept fields, and the overridden ones other than `BOOKKEEPING_FIELDS`, that differ
-  from the experiment config's own values (`get_config(variant)` without overrides)."""
-  own = _experiment_config(sweep, chosen.get("variant", sweep.variant), overrides=False)
-  changed = [f for f in chosen if f != "variant"]
+  """Why the run does not use the paper's settings (empty: it does): the swept fields, and the
+  overridden ones other than `BOOKKEEPING_FIELDS`, that differ from the experiment config's own
+  values (`get_config(variant)` without overrides); and a schedule other than the paper's protocol
+  (`PROTOCOL_FIELDS` of the variant at its default size, e.g. Split MNIST's `full`: 500 epochs per
+  task), since the paper's number is for that schedule."""
+  variant = chosen.get("variant", sweep.variant)
+  own = _experiment_config(sweep, variant, overrides=False)
+  protocol = _experiment_config(sweep, variant.partition(",")[0], overrides=False)
+  schedule_fields = [field for field, _ in PROTOCOL_FIELDS]
+  changed = [f for f in chosen if f != "variant" and f not in schedule_fields]
   changed += [
     f
     for f, _ in sweep.overrides
-    if f not in changed and not any(f == b or f.startswith(b + ".") for b in BOOKKEEPING_FIELDS)
+    if f not in changed
+    and f not in schedule_fields
+    and not any(f == b or f.startswith(b + ".") for b in BOOKKEEPING_FIELDS)
   ]
   differ = [
     f"{field} {_show(cli._get(config, field))} (the config's own: {_show(cli._get(own, field))})"
     for field in changed
     if cli._has_field(own, field) and not _equal(cli._get(config, field), cli._get(own, field))
   ]
-  return differ
+  k_schedule = (config.get("model") or {}).get("k_schedule")
+  schedule = [
+    f"{field} {_show(cli._get(config, field))} (the paper's protocol: {_show(cli._get(protocol, field))})"
+    for field, used_by in PROTOCOL_FIELDS
+    if used_by in (None, k_schedule)
+    and cli._has_field(protocol, field)
+    and not _equal(cli._get(config, field), cli._get(protocol, field))
+  ]
+  return differ + schedule[:1]  # (the first: the others scale with the epochs)
 
 
 def _show(value) -> str:
@@ -351,6 +377,16 @@ def plan(sweep: ml_collections.ConfigDict, *, separate: bool = False) -> Plan:
   return Plan(name=name, runs=runs, swept=swept, not_paper=not_paper, population=population, how=how)
 
 
+# Swept fields the summary table shows in a column of its own (`experiments.tables.HEADER`: k,
+# neurons, seeds, epochs/task): they get no second column.
+TABLE_COLUMNS = ("model.k", "model.neurons", "seeds", "epochs_per_task")
+
+
+def summary_columns(swept: dict) -> dict:
+  """{row: {field: value}} of the summary's swept-field columns: `swept` less `TABLE_COLUMNS`."""
+  return {row: {f: v for f, v in chosen.items() if f not in TABLE_COLUMNS} for row, chosen in swept.items()}
+
+
 def with_mesh(config: ml_collections.ConfigDict, seed: int, data: int) -> ml_collections.ConfigDict:
   """The config with `mesh` set (sdm_jax/runs/mesh.py); not part of what makes two runs different."""
   config.mesh = ml_collections.ConfigDict(dict(seed=seed, data=data))
@@ -406,7 +442,7 @@ def run_sweep(
     command=command,
     filename=filename,
     also_show=runs if only else None,
-    swept=the_plan.swept,
+    swept=summary_columns(the_plan.swept),
     not_paper=the_plan.not_paper,
     populations=populations,
   )

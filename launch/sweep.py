@@ -28,10 +28,13 @@ combination is one run, all its seeds in one program, in `WORKDIR/<field>=<value
 A run whose results.json says "finished" with the same config is skipped, and an interrupted run
 resumes from its newest checkpoint, so rerunning the same command finishes an interrupted sweep.
 The summary, `WORKDIR/<name>.md` (`--name`, default the swept fields, e.g. `optimizer.learning_rate
-x model.k`; a sweep file's own name), has one line per combination, one column per swept field,
-and the paper's number only on rows whose swept fields keep the experiment config's own values
-(n/a elsewhere, with a note saying why); it is rewritten after every run, with a figure beside it
-(`<name>.png`, needs matplotlib: pip install -e '.[analysis]'; without it the table is written alone).
+x model.k`; a sweep file's own name), has one line per combination, one column per swept field (k,
+neurons, seeds and epochs per task in the table's own columns), and the paper's number only on rows
+whose swept fields keep the experiment config's own values and that run the paper's protocol (the
+variant's default size: Split MNIST's `full`, 500 epochs per task; n/a elsewhere, with a note saying
+why); it is rewritten after every run, with a figure beside it (`<name>.png`, needs matplotlib: pip
+install -e '.[analysis]'; without it the table is written alone). SIGTERM stops a run as interrupted
+(its results.json says so; rerun the command to resume it), exit status 143.
 
 Bad input (no such config file or variant, an unknown field, a value of the wrong type, an
 unknown --only name) is refused in one line, exit status 1, before anything is written. See

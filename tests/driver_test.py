@@ -1,12 +1,17 @@
 """End-to-end tests of experiments/driver.py: refused runs write nothing, outputs, non-finite stop, resume."""
 
+import contextlib
 import errno
 import json
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -17,6 +22,7 @@ from sdm_jax.runs import final_state, metric_writers
 from sdm_jax.runs import workdir as workdir_lib
 from experiments import driver, schema
 from sdm_jax.data import embeddings
+from sdm_jax.engine import continual
 
 
 def _set(config, field, value):
@@ -623,3 +629,165 @@ def test_the_run_logs_its_workdir_before_anything_of_the_run(tmp_path, caplog):
   driver.train_and_evaluate(_tiny("flymodel", **{"model.neurons": 200}), tmp_path / "run")
   lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
   assert lines[0].startswith(f"workdir {(tmp_path / 'run').resolve()}: config.json, results.json")
+
+
+# ------------------------------------------------------------------ a population's log lines
+
+
+def _population(config, **values):
+  for field, v in values.items():
+    _set(config, "population." + field.replace("__", "."), v)
+  return config
+
+
+def test_a_populations_first_log_line_names_its_swept_values_not_the_base_configs():
+  """Issue 57: a population of lr x k logged the base config's `k=10 ... lr=0.05`."""
+  tasks = types.SimpleNamespace(source="synthetic", lossy=False, num_tasks=5)
+  config = _population(_tiny(), optimizer__learning_rate=(0.02, 0.05), model__k=(5, 10))
+  line = driver._run_line(config, schema.model_spec(config), tasks, schema.members(config)[1])
+  assert "r=100 k in (5, 10) (gaba), optimizer sgd lr in (0.02, 0.05), seeds [0], " in line
+  assert "population of 4 combinations x 1 seed, backend" in line and "k=10" not in line and "lr=" not in line
+  config = _population(_tiny(seeds=(0, 1)), model__gaba_switch_activations=(1e4, 2e4))
+  line = driver._run_line(config, schema.model_spec(config), tasks, schema.members(config)[1])
+  assert "k=10 (gaba), optimizer sgd lr=0.05, " in line
+  assert "population of 2 combinations (model.gaba_switch_activations in (10000, 20000)) x 2 seeds" in line
+  config = _tiny()
+  assert "population" not in driver._run_line(config, schema.model_spec(config), tasks, None)
+
+
+def _population_results(num_combinations: int, seeds) -> dict:
+  """results.json of a finished lr x k population (`continual.population_summary` of its models)."""
+  grid = [
+    dict(zip(("optimizer.learning_rate", "model.k"), (0.01 * (1 + i // 2), 5 * (1 + i % 2))))
+    for i in range(num_combinations)
+  ]
+  per_seed = [dict(seed=s, **v, final_accuracy=0.3 + 0.01 * i + 0.001 * s) for i, v in enumerate(grid) for s in seeds]
+  population = continual.population_summary(per_seed, list(grid[0]))
+  return dict(summary={}, per_seed=per_seed, population=population, wall_time_s=83.0, evaluated_on="test")
+
+
+def test_the_last_log_line_lists_every_combination_and_a_spread_only_over_seeds(tmp_path, caplog):
+  """Issue 57: "best of 4 combinations" listed 3, and one seed printed "± 0.0000"."""
+  tasks = types.SimpleNamespace(lossy=False)
+  driver._log_final(_population_results(4, seeds=[0]), tmp_path, tasks)
+  line = caplog.records[-1].getMessage()
+  assert "the 4 combinations, best first (one seed): optimizer.learning_rate=0.02 model.k=10 0.3300; " in line
+  assert line.count("model.k=") == 4 and "±" not in line
+  driver._log_final(_population_results(7, seeds=[0, 1]), tmp_path, tasks)
+  line = caplog.records[-1].getMessage()
+  assert "the best 5 of 7 combinations, best first (mean ± s.e.m. over 2 seeds): " in line
+  assert line.count("model.k=") == 5 and line.count(" ± 0.0005") == 5
+
+
+def _sigterm_now():
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.05)  # (the handler has run by now)
+
+
+def test_sigterm_raises_at_once_but_waits_for_a_checkpoint_save_and_comes_once():
+  """The handler raises at once, but inside `deferred` (a checkpoint being saved) when the save is
+  done; after it has raised, another SIGTERM does not cut the run's last writes short."""
+  for deferred in (False, True):
+    sigterm = driver._Sigterm.install()
+    assert sigterm.installed  # (else the SIGTERM below would end pytest)
+    try:
+      done = []
+      with pytest.raises(driver.Terminated) as stopped:
+        with sigterm.deferred() if deferred else contextlib.nullcontext():
+          _sigterm_now()
+          done.append("saved")
+      assert done == (["saved"] if deferred else []) and stopped.value.code == 128 + signal.SIGTERM
+      _sigterm_now()  # ignored
+    finally:
+      sigterm.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ------------------------------------------------------------------ SIGTERM, then resume
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TERM_AFTER_EVALUATIONS = 3  # after epoch 3's rows, past the epoch-2 checkpoint: the resume redoes epoch 3
+
+
+def _population_flags(data_file: pathlib.Path, workdir: pathlib.Path) -> list[str]:
+  """A tiny SDMLP population (lr x k, the switch within task 1) on the synthetic embeddings."""
+  overrides = {
+    "dataset": "embeddings",
+    "data_dir": data_file,
+    "model.input_size": 8,
+    "model.neurons": 16,
+    "batch_size": 4,
+    "epochs_per_task": 4,
+    "eval_every": 1,
+    "checkpoint_every_epochs": 2,
+    "model.gaba_switch_epochs": 1.0,
+    "population.optimizer.learning_rate": "(0.02,0.05)",
+    "population.model.k": "(2,4)",
+  }
+  return [
+    "--config=experiments/configs/split_mnist.py:sdmlp,tiny",
+    f"--workdir={workdir}",
+    *(f"--config.{field}={value}" for field, value in overrides.items()),
+  ]
+
+
+def _command_line_run(flags: list[str], cache: pathlib.Path, term_after: int = 0) -> subprocess.CompletedProcess:
+  """The command-line run in a process of its own; `term_after` > 0: it sends itself SIGTERM once
+  that many evaluations are in metrics.csv (a real signal, handled as one from outside would be).
+  The processes share a compilation cache: the later ones load the first one's programs."""
+  script = f"""
+import os, runpy, signal, sys
+from sdm_jax.runs import metric_writers
+write_rows, written = metric_writers.CsvWriter.write_rows, []
+def write_then_term(self, rows):
+  write_rows(self, rows)
+  written.append(1)
+  if len(written) == {term_after}:
+    os.kill(os.getpid(), signal.SIGTERM)
+metric_writers.CsvWriter.write_rows = write_then_term
+sys.argv = ["split_mnist"] + {flags!r}
+runpy.run_module("experiments.split_mnist", run_name="__main__")
+"""
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": str(ROOT),
+    "SDM_JAX_COMPILATION_CACHE": str(cache),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+  }
+  return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_sigterm_ends_a_population_run_as_interrupted_and_the_same_command_resumes_it_bitwise(tmp_path):
+  """Issue 57: SIGTERM ended a run with no message and no status. Now results.json says
+  "interrupted", one line says so and that the same command resumes, the exit status is 143 (no
+  traceback), and the rerun resumes from the last checkpoint to the final state and metrics.csv,
+  byte for byte, of a run never interrupted (a resumed population wrote its earlier rows' k as 5.0).
+  Its log lines name the population's values, and list all four combinations with no spread (one seed)."""
+  data_file = _embedding_file(tmp_path / "data.npz")
+  cache = tmp_path / "jax_cache"
+  reference = _command_line_run(_population_flags(data_file, tmp_path / "reference"), cache)
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  assert "k in (2, 4) (gaba), optimizer sgd lr in (0.02, 0.05), seeds [0], population of 4 combinations x 1 seed" in (
+    reference.stderr
+  )
+  assert "the 4 combinations, best first (one seed): " in reference.stderr and " ± " not in reference.stderr
+  stopped = _command_line_run(_population_flags(data_file, tmp_path / "run"), cache, term_after=TERM_AFTER_EVALUATIONS)
+  assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+  assert "Traceback" not in stopped.stderr
+  assert (
+    f"stopped by SIGTERM after 3 of 20 evaluation blocks; {tmp_path / 'run' / 'results.json'} says \"interrupted\"; "
+    "the same command resumes from its checkpoint after 2 of 20 evaluation blocks"
+  ) in stopped.stderr
+  saved = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert (saved["status"], saved["failure"]) == ("interrupted", "stopped by SIGTERM")
+  assert not (tmp_path / "run" / "final_state.npz").exists()
+  resumed = _command_line_run(_population_flags(data_file, tmp_path / "run"), cache)
+  assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
+  assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "finished"
+  a, b = (np.load(tmp_path / d / "final_state.npz") for d in ("reference", "run"))
+  assert a.files == b.files and "gaba_counts" in a.files
+  for name in a.files:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  csv = [(tmp_path / d / "metrics.csv").read_bytes() for d in ("reference", "run")]
+  assert csv[0] == csv[1]

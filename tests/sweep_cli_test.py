@@ -15,8 +15,11 @@ from experiments.configs import split_mnist
 from launch import runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+FULL = "experiments/configs/split_mnist.py:sdmlp"
 QUICK = "experiments/configs/split_mnist.py:sdmlp,quick"
 EWC = "experiments/configs/split_mnist.py:ewc,tiny"
+EWC_FULL = "experiments/configs/split_mnist.py:ewc"
+TINY = "experiments/configs/split_mnist.py:sdmlp,tiny"
 
 
 def _sweep(argument, *axes, name="", **overrides):
@@ -101,7 +104,7 @@ def test_a_command_line_sweep_keeps_the_overrides_and_is_named_after_its_axes():
 
 
 def test_only_rows_with_the_configs_own_values_are_compared_with_the_paper():
-  plan = runner.plan(_sweep(QUICK, "optimizer.learning_rate=0.02,0.05", "model.k=5,10", seeds=(0, 1, 2)))
+  plan = runner.plan(_sweep(FULL, "optimizer.learning_rate=0.02,0.05", "model.k=5,10", seeds=(0, 1, 2)))
   assert sorted(plan.not_paper) == ["learning_rate=0.02__k=10", "learning_rate=0.02__k=5", "learning_rate=0.05__k=5"]
   assert plan.not_paper["learning_rate=0.02__k=5"] == [
     "optimizer.learning_rate 0.02 (the config's own: 0.05)",
@@ -109,11 +112,34 @@ def test_only_rows_with_the_configs_own_values_are_compared_with_the_paper():
   ]
   assert plan.swept["learning_rate=0.05__k=10"] == {"optimizer.learning_rate": 0.05, "model.k": 10}
   # An override that changes the model makes every row n/a; one that changes the seeds does not.
-  plan = runner.plan(_sweep(QUICK, "model.k=5,10", model__neurons=64))
+  plan = runner.plan(_sweep(FULL, "model.k=5,10", model__neurons=64))
   assert plan.not_paper["k=10"] == ["model.neurons 64 (the config's own: 1000)"]
   # A swept variant is compared with its own config.
-  plan = runner.plan(_sweep(QUICK, "variant=sdmlp,relu"))
-  assert plan.not_paper == {} and list(plan.runs) == ["variant=sdmlp-quick", "variant=relu-quick"]
+  plan = runner.plan(_sweep(FULL, "variant=sdmlp,relu"))
+  assert plan.not_paper == {} and list(plan.runs) == ["variant=sdmlp", "variant=relu"]
+
+
+def test_only_rows_that_run_the_papers_protocol_are_compared_with_the_paper():
+  """Issue 57: a 2-epoch row got a Δ against the paper's 500-epoch number. The paper's number holds
+  for its schedule: the variant at its default size (Split MNIST's `full`), the Oracle's included."""
+  plan = runner.plan(_sweep(QUICK, "optimizer.learning_rate=0.02,0.05", "model.k=5,10"))
+  assert plan.not_paper["learning_rate=0.05__k=10"] == ["epochs_per_task 50 (the paper's protocol: 500)"]
+  assert plan.not_paper["learning_rate=0.02__k=10"] == [
+    "optimizer.learning_rate 0.02 (the config's own: 0.05)",
+    "epochs_per_task 50 (the paper's protocol: 500)",
+  ]
+  plan = runner.plan(_sweep(QUICK, "variant=sdmlp,oracle"))
+  assert plan.not_paper == {
+    "variant=sdmlp-quick": ["epochs_per_task 50 (the paper's protocol: 500)"],
+    "variant=oracle-quick": ["epochs_per_task 20 (the paper's protocol: 100)"],
+  }
+  # The full schedule, set by an override or swept, is the paper's; so is the GABA T that goes with it.
+  plan = runner.plan(_sweep(QUICK, "model.k=5,10", epochs_per_task=500, model__gaba_switch_activations=5e6))
+  assert "k=10" not in plan.not_paper
+  plan = runner.plan(_sweep(FULL, "model.gaba_switch_activations=5e5,5e6"))
+  assert plan.not_paper == {
+    "gaba_switch_activations=500000.0": ["model.gaba_switch_activations 500000 (the paper's protocol: 5e+06)"]
+  }
 
 
 # ------------------------------------------------------------------ one population program where the engine can
@@ -156,9 +182,13 @@ def test_learning_rate_x_k_is_one_program_exactly_when_the_engine_lists_both():
     assert len(schema.members(config)[0]) == 4  # 2 x 2 values x 1 seed, one program
 
 
-def _fake_population_run(calls):
-  """Writes what a finished population run writes, instantly: each member's final accuracy is its
-  strength / 10000 + its seed / 100."""
+def _ewc_accuracy(values: dict, seed: int) -> float:
+  return values["regularizer.strength"] / 10_000 + seed / 100
+
+
+def _fake_population_run(calls, accuracy=_ewc_accuracy):
+  """Writes what a finished population run writes, instantly: each member's final accuracy is
+  `accuracy(its values, its seed)`, by default its strength / 10000 + its seed / 100."""
 
   def fake(config, workdir):
     calls.append(workdir.name)
@@ -166,7 +196,7 @@ def _fake_population_run(calls):
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2, sort_keys=True))
     seeds, values = schema.members(config)
     per_seed = [
-      dict(member=m, seed=s, **v, final_accuracy=v["regularizer.strength"] / 10_000 + s / 100, dead_fraction=0.0)
+      dict(member=m, seed=s, **v, final_accuracy=accuracy(v, s), dead_fraction=0.0)
       for m, (s, v) in enumerate(zip(seeds, values))
     ]
     population = [dict(values=v, seeds=list(config.seeds)) for v in schema.population_grid(config)]
@@ -180,7 +210,7 @@ def _fake_population_run(calls):
 def test_a_population_sweep_runs_once_and_its_summary_has_a_row_per_combination(tmp_path, monkeypatch):
   calls = []
   monkeypatch.setattr(driver, "train_and_evaluate", _fake_population_run(calls))
-  sweep = _sweep(EWC, "regularizer.strength=200,1000", "regularizer.beta=0.005,0.1", seeds=(0, 1))
+  sweep = _sweep(EWC_FULL, "regularizer.strength=200,1000", "regularizer.beta=0.005,0.1", seeds=(0, 1))
   results = runner.run_sweep(sweep, tmp_path)
   assert calls == ["population__strength=200.0-1000.0__beta=0.005-0.1"]  # one program
   assert list(results) == [
@@ -209,6 +239,57 @@ def test_a_population_sweep_runs_once_and_its_summary_has_a_row_per_combination(
   calls.clear()
   runner.run_sweep(sweep, tmp_path)  # finished: nothing runs
   assert calls == []
+
+
+def _lr_k_accuracy(values: dict, seed: int) -> float:
+  return 0.2 + values["optimizer.learning_rate"] + values["model.k"] / 1000
+
+
+def _summary_rows(text: str) -> tuple[list[str], dict]:
+  """The summary table's header cells and {row: its cells}."""
+  lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+  cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines]
+  return cells[0], {row[0]: dict(zip(cells[0], row)) for row in cells[1:]}
+
+
+def test_a_tiny_sweeps_summary_has_one_column_per_field_and_no_papers_number(tmp_path, monkeypatch, saved_figures):
+  """Issue 57: at `tiny` (2 epochs per task) the row with the config's own lr and k got a Δ against
+  the paper's 500-epoch number and a paper tick in the figure; k had two columns (the table's own
+  and the swept field's)."""
+  monkeypatch.setattr(driver, "train_and_evaluate", _fake_population_run([], _lr_k_accuracy))
+  runner.run_sweep(_sweep(TINY, "optimizer.learning_rate=0.02,0.05", "model.k=5,10"), tmp_path)
+  text = (tmp_path / "optimizer.learning_rate_x_model.k.md").read_text()
+  header, rows = _summary_rows(text)
+  assert header[:5] == ["row", "optimizer.learning_rate", "regulariser", "neurons", "k"]
+  assert len(header) == len(set(header)) and "model.k" not in header
+  own = rows["learning_rate=0.05__k=10"]  # the config's own values, at 2 epochs per task
+  assert (own["k"], own["paper"], own["measured final acc."], own["Δ"]) == ("10", "n/a", "**0.260**", "n/a")
+  assert [row["k"] for row in rows.values()] == ["5", "10", "5", "10"]
+  assert "every row: epochs_per_task 2 (the paper's protocol: 500)" in text
+  bars = saved_figures["optimizer.learning_rate_x_model.k.png"].axes[1]
+  assert len(bars.patches) == 4 and not [c for c in bars.collections if c.get_label() == "paper"]
+
+
+@pytest.mark.slow
+def test_a_real_tiny_lr_x_k_sweep_summarises_its_results_without_the_papers_number(tmp_path, saved_figures, caplog):
+  """The README's sweep at `tiny`, cut down (32 neurons, 1 epoch per task), run for real as one
+  population program: each summary row is its combination in results.json, one column per field, no
+  paper number or tick (not the paper's schedule); the log lists every combination, no spread (one seed)."""
+  sweep = _sweep(TINY, "optimizer.learning_rate=0.02,0.05", "model.k=5,10", model__neurons=32, epochs_per_task=1)
+  runner.run_sweep(sweep, tmp_path)
+  population = json.loads((tmp_path / "population__learning_rate=0.02-0.05__k=5-10" / "results.json").read_text())
+  header, rows = _summary_rows((tmp_path / "optimizer.learning_rate_x_model.k.md").read_text())
+  assert len(header) == len(set(header)) and "model.k" not in header
+  for entry in population["population"]:
+    lr, k = entry["values"]["optimizer.learning_rate"], entry["values"]["model.k"]
+    row = rows[f"learning_rate={lr}__k={k}"]
+    assert (row["k"], row["seeds"], row["paper"], row["Δ"]) == (str(k), "0", "n/a", "n/a")
+    assert row["measured final acc."] == f"**{entry['final_accuracy_mean']:.3f}**"
+  bars = saved_figures["optimizer.learning_rate_x_model.k.png"].axes[1]
+  assert not [c for c in bars.collections if c.get_label() == "paper"]
+  line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("final full-test accuracy"))
+  assert "the 4 combinations, best first (one seed): " in line and line.count("model.k=") == 4 and "±" not in line
+  assert "k in (5, 10) (gaba), optimizer sgd lr in (0.02, 0.05)" in caplog.text
 
 
 @pytest.mark.slow

@@ -15,11 +15,13 @@ reported with fresh seeds 3, 4, 5; experiments/results/split_mnist_tuned/). Not 
 Active Dendrites (0.20) rows, which the paper ran with those methods' own
 codebases (task-incremental methods, three 400-unit layers for NISPA).
 Baselines are the ReLU MLP with a regulariser; the Oracle is the ReLU MLP
-trained on all ten classes at once (100 epochs; quick 20). `python -m experiments.reproduce --table=split_mnist`
+trained on all ten classes at once (100 epochs; quick 20, small 10). `python -m experiments.reproduce --table=split_mnist`
 runs them all and writes the table.
 Size options (after a comma): `full` (default: the reference's 500 epochs per
 task), `quick` (50 epochs per task; GABA T and the Top-K k schedule scaled by
-50/500), `tiny` (2 epochs per task, for smoke tests; T scaled the same way).
+50/500), `small` (20 epochs per task, scaled the same way: for sweeps that must
+rank settings in minutes on a CPU), `tiny` (2 epochs per task, for smoke tests;
+T scaled the same way; too short to tell settings apart).
 
 Defaults are the reference's Split MNIST settings: 5 tasks of 2 classes in
 ordinal order, one 10-way head, SGD lr 0.05, batch 128, global-norm clip 1.0,
@@ -49,6 +51,15 @@ The 10K rows, 2026-11-24, a 2-core AMD EPYC VM with AVX-512, one core per row, s
   sdmlp_ewc_10k 0.835 ± 0.003 (paper 0.86; 4h44m, one core then two)
 EWC and MAS are far below the paper at both schedules: their penalties are too weak to hold the earlier
 tasks. SI at 500 epochs per task is too stiff, with some importances negative (see the results READMEs).
+The README's sweep (`python -m launch.sweep --config=experiments/configs/split_mnist.py:sdmlp,SIZE
+--axis=optimizer.learning_rate=0.02,0.05 --axis=model.k=5,10`: one population program, seed 0, the
+dense step), 2026-11-27, the 2-core VM loaded by other jobs (load average about 5), final accuracy
+for lr 0.05/k 5, lr 0.05/k 10, lr 0.02/k 5, lr 0.02/k 10:
+  small 0.376 / 0.370 / 0.211 / 0.269 in 6m33s   tiny 0.211 / 0.211 / 0.210 / 0.210 in 1m33s
+  quick (on a GPU, docs/guide/scale_out.md) 0.499 / 0.443 / 0.342 / 0.329; 21 min on a loaded 2-core VM
+`small` ranks the learning rates as `quick` does, and k within lr 0.05; at lr 0.02 with k 5 the
+model keeps task 1 and learns none of the later tasks in 20 epochs each (its last accuracy row: 1.00
+on task 1, 0 elsewhere), so the lr 0.02 pair is in the other order than at `quick`.
 Tuned rows at 500 epochs per task, seeds 3, 4, 5, 2026-11-23, same machine (1 h 43 min to 2 h 29 min
 per row, two rows at a time; experiments/results/split_mnist_tuned/):
   ewc_tuned 0.527 ± 0.061 (paper 0.61)   mas_tuned 0.461 ± 0.081 (paper 0.49)
@@ -121,8 +132,9 @@ PAPER_FINAL_ACCURACY = {
   "si_tuned": 0.36,
   "si_textbook_tuned": 0.36,
 }
-SIZES = {"full": 500, "quick": 50, "tiny": 2}
-ORACLE_EPOCHS = {"full": 100, "quick": 20, "tiny": 2}  # one task holding all ten classes
+SIZES = {"full": 500, "quick": 50, "small": 20, "tiny": 2}
+ORACLE_EPOCHS = {"full": 100, "quick": 20, "small": 10, "tiny": 2}  # one task holding all ten classes
+EVAL_EVERY = {"full": 10, "quick": 5, "small": 2, "tiny": 1}
 REFERENCE_EPOCHS_PER_TASK = 500
 REFERENCE_GABA_T = 5_000_000
 REFERENCE_TOPK_TRANSITION_EPOCHS = 200
@@ -224,7 +236,7 @@ def parse_variant(arg: str, rows, sizes) -> tuple[str, str]:
 
 
 def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
-  """`VARIANT[,SIZE]`: a row of Table 7 (see ROWS) and full | quick | tiny."""
+  """`VARIANT[,SIZE]`: a row of Table 7 (see ROWS) and full | quick | small | tiny (SIZES)."""
   variant, size = parse_variant(arg, ROWS, SIZES)
   row = ROWS[variant]
   config = base_config()
@@ -259,14 +271,14 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
   epochs = SIZES[size]
   scale = epochs / REFERENCE_EPOCHS_PER_TASK
   config.epochs_per_task = epochs
-  config.eval_every = {"full": 10, "quick": 5, "tiny": 1}[size]
+  config.eval_every = EVAL_EVERY[size]
   m.gaba_switch_activations = float(REFERENCE_GABA_T * scale)
   m.k_transition_epochs = max(1, round(REFERENCE_TOPK_TRANSITION_EPOCHS * scale))
   if row.get("oracle"):
     # The Oracle: the same ReLU MLP trained on all ten classes at once (one task).
     config.classes_per_task = config.num_classes
     config.epochs_per_task = ORACLE_EPOCHS[size]
-    config.eval_every = {"full": 10, "quick": 5, "tiny": 1}[size]
+    config.eval_every = EVAL_EVERY[size]
   return config
 
 

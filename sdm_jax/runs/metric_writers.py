@@ -12,7 +12,7 @@ Synopsis::
         metric_writers.TensorBoardWriter(workdir / "tensorboard")])
     writer.write_rows(rows)        # dicts with "seed" and "epoch", one per seed per evaluation
     writer.close()
-    rows = metric_writers.read_rows(workdir / "metrics.csv")   # back, labels as int, values as float
+    rows = metric_writers.read_rows(workdir / "metrics.csv")   # back: the numbers written, ints as int
 
 The CSV is where a run's curves are stored (results.json and checkpoints
 hold none); TensorBoard's event files are a view of the same rows.
@@ -28,14 +28,24 @@ from typing import Iterable, Sequence
 LABELS = ("member", "seed", "task", "epoch")
 
 
+def _number(text: str) -> int | float:
+  """A CSV cell as the number written there: an int if it was written as one (a population's k,
+  say), else a float. Written back, it gives the same text (a float's str is its shortest repr),
+  so a resumed run rewrites its earlier rows byte for byte."""
+  try:
+    return int(text)
+  except ValueError:
+    return float(text)
+
+
 def read_rows(path: str | pathlib.Path) -> list[dict]:
-  """The rows of a CSV written by `CsvWriter`: `LABELS` as int, every other value as float; a row
-  cut short (a run killed while writing it) ends the list."""
+  """The rows of a CSV written by `CsvWriter`: `LABELS` as int, every other value as the number
+  written (int or float: `_number`); a row cut short (a run killed while writing it) ends the list."""
   rows = []
   with pathlib.Path(path).open(newline="") as f:
     for row in csv.DictReader(f):
       try:
-        rows.append({k: int(v) if k in LABELS else float(v) for k, v in row.items()})
+        rows.append({k: int(v) if k in LABELS else _number(v) for k, v in row.items()})
       except (TypeError, ValueError):  # a missing (None) or truncated field
         break
   return rows
