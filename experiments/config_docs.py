@@ -38,7 +38,7 @@ FIELDS: dict[str, str] = {
     "seeds 0, 3, 15, 27, 97)."
   ),
   "seeds": ("The seeds, a tuple: one model each, all trained in one compiled program (`--config.seeds='(0,1,2)'`)."),
-  "epochs_per_task": "Training epochs on each task (the reference's Split MNIST: 500; `quick`: 50; `tiny`: 2).",
+  "epochs_per_task": "Training epochs on each task (the reference's Split MNIST: 500; `quick`: 50; `small`: 20; `tiny`: 2).",
   "eval_every": (
     "Evaluate on the test set (or the validation split) every this many epochs; must divide "
     "`epochs_per_task`. Evaluation never changes training."
@@ -87,7 +87,7 @@ FIELDS: dict[str, str] = {
   ),
   "model.gaba_switch_activations": (
     "GABA's T as a firing count: a neuron's inhibition reaches full strength after it has fired "
-    "this many times (the reference: 5M on Split MNIST; scaled with the epochs by `quick`/`tiny`)."
+    "this many times (the reference: 5M on Split MNIST; scaled with the epochs by `quick`, `small` and `tiny`)."
   ),
   "model.gaba_switch_epochs": (
     "> 0: set T from the data instead, as this many epochs of the first task (T = epochs x its "

@@ -143,7 +143,7 @@ def write_config_reference(path: pathlib.Path) -> None:
     "`experiments/configs/split_mnist.py:VARIANT[,SIZE]` (and `split_fashion_mnist.py`, the same",
     "variants less SI and L2). Sizes: "
     + ", ".join(f"`{size}` ({epochs} epochs per task)" for size, epochs in split_mnist.SIZES.items())
-    + "; `quick` and `tiny` scale GABA's T and the Top-K schedule with the epochs.",
+    + "; the smaller sizes scale GABA's T and the Top-K schedule with the epochs.",
     "",
     "| variant | model | neurons | regulariser | paper (Table 7) |",
     "|---|---|---|---|---|",

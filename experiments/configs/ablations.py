@@ -60,7 +60,7 @@ with_epochs_per_task = split_mnist.with_epochs_per_task
 
 
 def get_config(arg: str = "sgd") -> ml_collections.ConfigDict:
-  """`ROW[,SIZE[,DATASET]]`: an ablation row, full | quick | tiny, mnist | fashion_mnist."""
+  """`ROW[,SIZE[,DATASET]]`: an ablation row, full | quick | small | tiny, mnist | fashion_mnist."""
   row, size, dataset = (arg.split(",") + ["", ""])[:3]
   size, dataset = size or "full", dataset or "mnist"
   if row not in ROWS:
