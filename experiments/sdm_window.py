@@ -10,7 +10,8 @@ fraction against the learning rate (one curve per head, one column per dataset),
 the T and k grid. Each run records the test accuracy after every epoch, the SDM layer's
 `diagnostics.layer_stats` on the test set (dead fraction, output scale, mean pairwise cosine of its
 inputs, all-zero inputs), the share of the clipped gradient that went to the trunk, and
-`diagnostics.collapse_warning`'s verdict.
+`diagnostics.collapse_warning`'s verdict. `--resummarize` rebuilds DIR/results.json's per-point rows
+and DIR/summary.md from the runs results.json holds, with the diagnostics as they are now (no training).
 """
 
 from __future__ import annotations
@@ -398,17 +399,24 @@ def summarize(records: list[dict], c) -> list[dict]:
           if len(rs[0]["accuracy_per_epoch"]) > 1
           else 0.0
         ),
-        warnings=sum(_warning(r) is not None for r in rs),
+        warnings=sum(_warning(r, c) is not None for r in rs),
       )
     )
   return rows
 
 
-def _warning(record: dict) -> str | None:
-  """`diagnostics.collapse_warning` of a run's stored test statistics (SDM heads only)."""
+def _warning(record: dict, c: ml_collections.ConfigDict) -> str | None:
+  """`diagnostics.collapse_warning` of a run's stored test statistics (SDM heads only), with the
+  diagnostics as they are now. A run stored before `LayerStats.fired_expected` existed gets it from
+  its mean active count, as if every test example had that many active units."""
   if record["head"] == "relu":
     return None
-  fields = {name: np.float32(record[f"test_{name}"]) for name in diagnostics.LayerStats._fields}
+  fields = {
+    name: np.float32(record[f"test_{name}"]) for name in diagnostics.LayerStats._fields if f"test_{name}" in record
+  }
+  if "fired_expected" not in fields:
+    active = np.full(c.max_test_examples, record["test_active_per_example"], np.float32)
+    fields["fired_expected"] = np.float32(diagnostics.fired_expected(active, c.neurons))
   return diagnostics.collapse_warning(diagnostics.LayerStats(**fields))
 
 
@@ -721,9 +729,7 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
     records += sweep(probe, workdir, "probe", probe_plan(c))
   frozen = frozen_trunk(c, workdir) if "frozen" in parts else None
   rows = summarize(records, c)
-  recipes = {r["head"] for r in rows if r["head"].startswith("recipe")}
-  bands = [matching_band(rows, c, dataset=d, head=h) for d in _names(c.datasets) for h in sorted(recipes)]
-  bands = [b for b in bands if any(r["dataset"] == b["dataset"] and r["head"] == b["head"] for r in rows)]
+  bands = recipe_bands(rows, c)
   results = dict(
     config=c.to_dict(),
     rows=rows,
@@ -746,10 +752,34 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
   return results
 
 
+def recipe_bands(rows: list[dict], c) -> list[dict]:
+  """`matching_band` of every recipe head on every dataset it ran on."""
+  recipes = {r["head"] for r in rows if r["head"].startswith("recipe")}
+  bands = [matching_band(rows, c, dataset=d, head=h) for d in _names(c.datasets) for h in sorted(recipes)]
+  return [b for b in bands if any(r["dataset"] == b["dataset"] and r["head"] == b["head"] for r in rows)]
+
+
+def resummarize(workdir) -> dict:
+  """Rebuilds the per-point rows and bands of DIR/results.json and DIR/summary.md from the runs
+  results.json holds, with `diagnostics.collapse_warning` as it is now (the `warnings` column);
+  trains nothing and leaves every run record and figure as it was."""
+  workdir = pathlib.Path(workdir)
+  results = json.loads((workdir / "results.json").read_text())
+  c = ml_collections.ConfigDict(results["config"])
+  results["rows"] = summarize(results["runs"], c)
+  results["bands"] = recipe_bands(results["rows"], c)
+  (workdir / "results.json").write_text(json.dumps(results, indent=1))
+  (workdir / "summary.md").write_text(markdown(results["rows"], results["bands"], results["frozen"], results["runs"]))
+  return results
+
+
 def _define_flags() -> None:
   config_flags.DEFINE_config_file("config", "experiments/configs/sdm_window.py:quick", "Config file and variant.")
   flags.DEFINE_string("workdir", "/tmp/sdm_jax/sdm_window", "Where results are written.")
   flags.DEFINE_list("parts", list(PARTS), f"Which parts to run: {', '.join(PARTS)}.")
+  flags.DEFINE_bool(
+    "resummarize", False, "Only rebuild DIR/results.json's rows and DIR/summary.md from its runs (no training)."
+  )
 
 
 def main(argv):
@@ -757,6 +787,9 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   compilation_cache.enable()  # before anything compiles (docs/guide/runs.md, "The compilation cache")
   try:
+    if flags.FLAGS.resummarize:
+      resummarize(flags.FLAGS.workdir)
+      return
     results = run(flags.FLAGS.config, flags.FLAGS.workdir, tuple(flags.FLAGS.parts))
   except (ValueError, OSError) as e:  # a bad config, missing data, a workdir fault: the message says it
     logging.debug("the traceback of the error below", exc_info=True)

@@ -1,6 +1,8 @@
 """Tests of sdm_jax.core.diagnostics: every statistic against an independent numpy computation, under
-jit and vmap; collapse_warning flags a trunk killed on purpose (and frozen counters, all-zero
-outputs, tiny outputs) and stays silent for a healthy SDM layer training on MNIST."""
+jit and vmap (the expected fired fraction against a simulation of random winners); collapse_warning
+flags a trunk killed on purpose (and frozen counters, all-zero outputs, crowded inputs, few units
+firing, tiny outputs) and stays silent for a healthy SDM layer training on MNIST. The crowded CNN head
+of docs/guide/sdm_layer.md, flagged, against its recipe, not: tests/sdm_cnn_example_test.py."""
 
 from __future__ import annotations
 
@@ -24,8 +26,12 @@ def _numpy_stats(x, a_star, counts, T):
   units = [row / n for row, n in zip(x, norms) if n > 0]
   pairs = [units[i] @ units[j] for i in range(len(units)) for j in range(len(units)) if i != j]
   lam = np.clip(-1.0 + 2.0 * counts / T, -1.0, 1.0)
+  never = 1.0  # the chance that a neuron is in no example's random set of its size
+  for n in active.sum(axis=1):
+    never *= 1.0 - n / a_star.shape[1]
   return dict(
     fired_fraction=np.mean(active.any(axis=0)),
+    fired_expected=1.0 - never,
     active_per_example=np.mean(active.sum(axis=1)),
     mean_lambda=lam.mean(),
     output_mean=a_star[active].mean(),
@@ -110,11 +116,60 @@ def test_collapse_warning_names_each_symptom():
   assert "outputs are tiny" in diagnostics.collapse_warning(tiny, min_output_mean=0.01)
 
 
+def test_fired_expected_is_what_random_winners_fire():
+  """Against a simulation: each example's active units a uniformly random set of their number."""
+  rng = np.random.default_rng(2)
+  neurons, active = 50, np.array([3, 5, 0, 7, 2, 3, 4, 6])
+  trials = [
+    len(set(np.concatenate([rng.choice(neurons, n, replace=False) for n in active]))) / neurons for _ in range(4000)
+  ]
+  assert float(diagnostics.fired_expected(jnp.asarray(active), neurons)) == pytest.approx(np.mean(trials), abs=0.005)
+  assert float(diagnostics.fired_expected(jnp.full(4, 50), 50)) == 1.0  # before the switch: every unit, every example
+  assert float(diagnostics.fired_expected(jnp.zeros(4), 50)) == 0.0
+
+
+def test_collapse_warning_flags_crowded_inputs_and_few_units():
+  x, a_star, counts = _example()
+  assert float(diagnostics.layer_stats(x, a_star).input_cosine) < 0.8  # the healthy example is spread out
+  rng = np.random.default_rng(3)
+  cone = (rng.uniform(size=30) + 0.05 * rng.normal(size=(12, 30))).astype(np.float32)  # a shared component
+  crowded = diagnostics.layer_stats(cone, a_star, counts, 80.0)
+  assert float(crowded.input_cosine) > 0.95
+  message = diagnostics.collapse_warning(crowded)
+  assert message.startswith("the inputs to the SDM layer crowd into one direction (mean pairwise cosine 0.9"), message
+  assert "> 0.8 after its ReLU and L2 norm; 95.0% of its neurons fired" in message
+  assert diagnostics.collapse_warning(crowded, max_input_cosine=0.999) is None  # the threshold moves
+  assert diagnostics.collapse_warning(crowded, max_input_cosine=None) is None  # or is off
+  # The same 3 of 20 units win for every one of the 12 examples: 15% fire where random winners
+  # would reach 1 - (17/20)^12 = 86%.
+  same = np.zeros_like(a_star)
+  same[:, [1, 2, 3]] = 0.05
+  few = diagnostics.layer_stats(x, same, counts, 80.0)
+  assert float(few.fired_expected) == pytest.approx(1 - (17 / 20) ** 12, rel=1e-5)
+  message = diagnostics.collapse_warning(few)
+  assert message.startswith("few of the SDM layer's neurons fire: 15.0% fired for some example, where winners drawn "
+                            "at random would make 86% (below 0.5 of it)"), message  # fmt: skip
+  assert diagnostics.collapse_warning(few, min_fired_ratio=0.15) is None
+  assert diagnostics.collapse_warning(few, min_fired_ratio=None) is None
+  # Three winners per example drawn at random are not flagged, nor a layer before the switch,
+  # where every unit fires for every example.
+  spread = np.zeros_like(a_star)
+  for row in spread:
+    row[rng.choice(20, 3, replace=False)] = 0.05
+  assert diagnostics.collapse_warning(diagnostics.layer_stats(x, spread, counts, 80.0)) is None
+  dense = diagnostics.layer_stats(x, np.full_like(a_star, 0.5), counts, 80.0)
+  assert float(dense.fired_expected) == float(dense.fired_fraction) == 1.0
+  assert diagnostics.collapse_warning(dense) is None
+
+
 def test_collapse_warning_on_stacked_stats_counts_the_collapsed():
   xs, outs, counts = (np.stack(a) for a in zip(*(_example(seed) for seed in range(3))))
   xs[1] = 0.0
   stacked = jax.vmap(diagnostics.layer_stats)(xs, outs, counts)
   assert diagnostics.collapse_warning(stacked).startswith("1 of 3: every input to the SDM layer is zero")
+  xs[1] = np.random.default_rng(4).uniform(size=xs[1].shape) + 10.0  # every example the same way
+  crowded = jax.vmap(diagnostics.layer_stats)(xs, outs, counts)
+  assert diagnostics.collapse_warning(crowded).startswith("1 of 3: the inputs to the SDM layer crowd")
 
 
 class _Net(nnx.Module):

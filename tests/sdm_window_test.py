@@ -104,7 +104,9 @@ def test_tiny_window_on_mnist_records_real_numbers_caches_and_plots(tmp_path, mo
   # The recipe's head: SDM with k = 3 after the switch (T = half an epoch), output of norm output_scale.
   recipe = runs["recipe"]
   assert 0.0 < recipe["test_mean_lambda"] <= 1.0 and 1.0 <= recipe["test_active_per_example"] <= 2 * c.k
-  assert recipe["logit_max"] > 0.1 and recipe["warning"] is None
+  # Its inputs did not crowd (no trunk warning); with k = 3 of 50 units, 13 of them firing on 100
+  # test images, the few-units check may speak (`diagnostics.collapse_warning`'s min_fired_ratio).
+  assert recipe["logit_max"] > 0.1 and "trunk" not in (recipe["warning"] or "")
   # The probe: one epoch at lr 10, every step traced (160 images in batches of 16).
   assert [(r["head"], r["lr"], r["seed"]) for r in probe] == [("relu", 10.0, 0)]
   trace = probe[0]["first_epoch_trace"]

@@ -19,16 +19,24 @@ What each statistic catches, from the layer's equations:
   a = X_a^T x = 0 and a* = 0 whatever λ: nothing reaches the readout and no gradient goes back
   through the ReLU. At 1 the trunk below the layer has stopped firing and cannot recover.
 - `fired_fraction`, `active_per_example`: neurons with a*_i > 0. Before the switch (λ_i < 0) every
-  neuron fires for every example; after it about k per example. A fraction that stays small after
-  the switch means the same few neurons win for every example (the paper's dead neurons).
+  neuron fires for every example; after it about k per example. `fired_expected` is the fraction
+  a batch of this size would fire if each example's active neurons were a random set: a fired
+  fraction far below it means the same few neurons win for every example (the paper's dead
+  neurons, which the GABA switch is there to prevent, App. B.3).
 - `mean_lambda`: the switch's progress, -1 (every neuron excited) to +1 (full Top-K).
 - `output_mean`, `output_max`: the scale of a* over its active entries. After the switch
   a*_i = a_i - I is a gap between two cosine similarities; when the inputs share a large common
   component those gaps are tiny, the logits X_v a* are tiny and the readout's gradient, which is
   proportional to a*, nearly vanishes.
 - `input_cosine`: the mean pairwise cosine of the inputs after ReLU and L2 norm; near 1 means every
-  example points the same way, which is what makes the gaps above tiny.
+  example points the same way (crowding), so every example ranks the neurons alike by their
+  cosine with the common direction: the same k win for every class, and the gaps above are tiny.
 - `counts_total`: sum of C, for `collapse_warning` to see whether the counters moved between calls.
+
+`collapse_warning` turns these into one sentence: a dead or dying trunk, silent outputs, frozen
+counters, crowded inputs (`max_input_cosine`), few neurons firing (`min_fired_ratio`) and, when
+asked, tiny outputs (`min_output_mean`). Crowding is what a trunk trained along with the layer
+does to its inputs (docs/guide/sdm_layer.md); `sdm_jax.core.centering` holds the remedy.
 """
 
 from __future__ import annotations
@@ -45,14 +53,28 @@ from sdm_jax.core import topk
 class LayerStats(NamedTuple):
   """One batch's statistics of an SDM layer (float32 scalars; NaN where counters were not given)."""
 
-  fired_fraction: jax.Array  # neurons with a*_i > 0 for at least one example of the batch
-  active_per_example: jax.Array  # mean number of neurons with a*_i > 0 per example
-  mean_lambda: jax.Array  # mean λ_i of Eq. 12 over neurons
-  output_mean: jax.Array  # mean a*_i over the active entries (0 when none is active)
-  output_max: jax.Array  # largest a*_i of the batch
-  zero_input_fraction: jax.Array  # examples whose input is all zero after the ReLU
-  input_cosine: jax.Array  # mean cosine over pairs of distinct examples with non-zero input
-  counts_total: jax.Array  # sum of the counters C_i
+  #: The fraction of neurons with a*_i > 0 for at least one example of the batch.
+  fired_fraction: jax.Array
+  #: The `fired_fraction` the batch would reach if each example's active neurons were a uniformly
+  #: random set of their number n_e: 1 - prod_e (1 - n_e / neurons) (1 before the GABA switch,
+  #: about 1 - (1 - k / neurons)^batch after it). `collapse_warning` compares the two, so its check
+  #: does not depend on the batch size.
+  fired_expected: jax.Array
+  #: The mean number of neurons with a*_i > 0 per example.
+  active_per_example: jax.Array
+  #: The mean λ_i of Eq. 12 over neurons (NaN without counters or T).
+  mean_lambda: jax.Array
+  #: The mean a*_i over the active entries (0 when none is active).
+  output_mean: jax.Array
+  #: The largest a*_i of the batch.
+  output_max: jax.Array
+  #: The fraction of examples whose input is all zero after the ReLU.
+  zero_input_fraction: jax.Array
+  #: The mean cosine over pairs of distinct examples with non-zero input, after the layer's ReLU
+  #: and L2 norm (`input_cosine`).
+  input_cosine: jax.Array
+  #: The sum of the counters C_i (NaN without counters).
+  counts_total: jax.Array
 
 
 def input_cosine(x: jax.Array, *, positive: bool = True) -> jax.Array:
@@ -66,6 +88,16 @@ def input_cosine(x: jax.Array, *, positive: bool = True) -> jax.Array:
   n = jnp.sum(jnp.any(u != 0, axis=-1)).astype(jnp.float32)
   total = jnp.sum(jnp.square(jnp.sum(u, axis=0)))
   return jnp.where(n > 1, (total - n) / jnp.maximum(n * (n - 1), 1.0), jnp.nan)
+
+
+def fired_expected(active: jax.Array, neurons: int) -> jax.Array:
+  """The fraction of `neurons` that would fire for at least one example if example e's `active[e]`
+  active neurons were a uniformly random set of that size, drawn for each example on its own:
+  1 - prod_e (1 - active[e] / neurons). The reference `collapse_warning` holds
+  `LayerStats.fired_fraction` against: a layer whose examples share their winners fires far fewer.
+  """
+  miss = jnp.sum(jnp.log1p(-jnp.minimum(active.astype(jnp.float32), neurons) / neurons))
+  return (1.0 - jnp.exp(miss)).astype(jnp.float32)
 
 
 def layer_stats(
@@ -88,6 +120,7 @@ def layer_stats(
   x = x.reshape(x.shape[0], -1)
   active = a_star > 0
   n_active = jnp.sum(active)
+  per_example = jnp.sum(active, axis=-1).astype(jnp.float32)
   nan = jnp.float32(jnp.nan)
   if counts is None:
     mean_lambda = counts_total = nan
@@ -97,7 +130,8 @@ def layer_stats(
   x_in = jax.nn.relu(x) if positive else x
   return LayerStats(
     fired_fraction=jnp.mean(jnp.any(active, axis=0)).astype(jnp.float32),
-    active_per_example=jnp.mean(jnp.sum(active, axis=-1)).astype(jnp.float32),
+    fired_expected=fired_expected(per_example, a_star.shape[-1]),
+    active_per_example=jnp.mean(per_example),
     mean_lambda=jnp.asarray(mean_lambda, jnp.float32),
     output_mean=(jnp.sum(jnp.where(active, a_star, 0.0)) / jnp.maximum(n_active, 1)).astype(jnp.float32),
     output_max=jnp.max(a_star).astype(jnp.float32),
@@ -112,6 +146,8 @@ def collapse_warning(
   previous: LayerStats | None = None,
   *,
   max_zero_input_fraction: float = 0.5,
+  max_input_cosine: float | None = 0.8,
+  min_fired_ratio: float | None = 0.5,
   min_output_mean: float | None = None,
 ) -> str | None:
   """The symptom, in words, if `stats` (one layer, one batch; host side) shows a collapsed layer, else None.
@@ -123,7 +159,18 @@ def collapse_warning(
   3. every output zero (a* = 0 for every example: the readout gets no signal, no gradient flows);
   4. the counters frozen: `previous` (stats from an earlier training step) has the same sum of C, so
      no neuron fired for any example in training between the two calls;
-  5. with `min_output_mean`, an output scale below it (mean active a*), the tiny-gap symptom.
+  5. crowded inputs: a mean pairwise input cosine (after the layer's ReLU and L2 norm) above
+     `max_input_cosine`. The inputs then lie in a narrow cone, every example ranks the neurons by
+     their alignment with its axis, and the same k win for every class (App. B.3's dead neurons)
+     with gaps a*_i = a_i - I (Eq. 4) too small for the readout to learn from;
+  6. few neurons fire: `fired_fraction` below `min_fired_ratio` times `fired_expected` (what the
+     batch would fire if each example's winners were a random set), the same symptom seen from the
+     output side: the same few neurons win for every example, the others get no gradient;
+  7. with `min_output_mean`, an output scale below it (mean active a*), the tiny-gap symptom.
+
+  A threshold of None switches its check off. Before the GABA switch every neuron fires, so 6
+  cannot hold. How the defaults sit against the measured networks (a plain SDM head trained with its
+  trunk; the same head with `centering.Center` and `normalize_output`): docs/guide/sdm_layer.md.
 
   Stats stacked over seeds or steps are checked element by element; the message names how many.
   """
@@ -153,6 +200,30 @@ def collapse_warning(
         frozen,
         f"the GABA counters are frozen (sum of C unchanged at {_first(now, frozen):g}): no neuron fired "
         "for any training example between the two calls",
+      )
+    )
+  fired, expected = _host(stats.fired_fraction), _host(stats.fired_expected)
+  if max_input_cosine is not None:
+    cosine = _host(stats.input_cosine)
+    crowded = [c > max_input_cosine for c in cosine]
+    checks.append(
+      (
+        crowded,
+        f"the inputs to the SDM layer crowd into one direction (mean pairwise cosine {_first(cosine, crowded):.2f} "
+        f"> {max_input_cosine:g} after its ReLU and L2 norm; {_first(fired, crowded):.1%} of its neurons fired): "
+        "every example ranks the neurons alike, so the same few win for every class and their outputs a* "
+        "are tiny gaps; centre the input (sdm_jax.core.centering.Center) and rescale a* (normalize_output)",
+      )
+    )
+  if min_fired_ratio is not None:
+    few = [e > 0.0 and f < min_fired_ratio * e for f, e in zip(fired, expected)]
+    checks.append(
+      (
+        few,
+        f"few of the SDM layer's neurons fire: {_first(fired, few):.1%} fired for some example, where winners "
+        f"drawn at random would make {_first(expected, few):.0%} (below {min_fired_ratio:g} of it): the same "
+        "few neurons win for every example and the others get no gradient (dead neurons, App. B.3); see "
+        "input_cosine",
       )
     )
   if min_output_mean is not None:

@@ -210,10 +210,15 @@ class Engine(NamedTuple):
   the step of each (`step_policy`), the task boundary of a regulariser, and the evaluation on
   every task."""
 
+  #: The model the programs train.
   spec: models.ModelSpec
+  #: Which step trains each block, and why (`step_policy.choose`).
   policy: step_policy.StepPolicy
+  #: The compiled blocks of `Schedule.eval_every` epochs, dense and (where the policy allows) sparse.
   blocks: step_policy.Blocks
+  #: The regulariser's task boundary (its importances and anchors, `train.make_end_task`); None without one.
   end_task: Callable | None
+  #: Accuracy on every task's test set, per model (`train.make_evaluate`).
   evaluate: Callable
 
 
@@ -311,18 +316,30 @@ class Progress:
 class Block(NamedTuple):
   """What `run` reports after each evaluation block (per-seed arrays have the real seeds only)."""
 
-  task: int  # counted from 0
+  #: The task the block trained, counted from 0.
+  task: int
+  #: The epochs of the task done at the block's end.
   epoch_in_task: int
+  #: Whether the block ended its task (the task boundary followed it).
   task_end: bool
-  rows: list  # this block's curve rows, one per seed (the caller writes them: metrics.csv)
-  full: np.ndarray  # accuracy on the whole test set, per seed
-  seen: np.ndarray  # on the tasks seen so far
-  loss: np.ndarray  # last epoch's training loss
+  #: This block's curve rows, one per seed (the caller writes them: metrics.csv).
+  rows: list
+  #: Accuracy on the whole test set, per seed.
+  full: np.ndarray
+  #: Accuracy on the tasks seen so far, per seed.
+  seen: np.ndarray
+  #: The block's last epoch's training loss, per seed.
+  loss: np.ndarray
+  #: Whether the block ran on the sparse step (`step_policy`).
   ran_sparse: bool
-  first_sparse: bool  # the run's first block on the sparse step
-  forward_fraction: float  # the share of the activations its forward computed (mean; < 1: the forward cache)
+  #: Whether it was the run's first block on the sparse step.
+  first_sparse: bool
+  #: The share of the activations its forward computed (mean; < 1: the forward cache).
+  forward_fraction: float
+  #: A collapsed layer's line for the log and the results (`collapse_warning`), else None.
   warning: str | None
-  steps: int  # optimiser steps per seed in this block
+  #: Optimiser steps per seed in this block.
+  steps: int
 
 
 def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
@@ -339,7 +356,13 @@ def collapse_warning(active_per_example, labels: Sequence[dict], task: int, num_
   any example of the last epoch. Its outputs are then all zero, so the readout gets no gradient and
   the GABA counters (App. B.3) stop; training on cannot recover it (a learning rate too large for
   the layer, or inputs that are all zero after its ReLU). `sdm_jax.core.diagnostics` has the
-  finer statistics for a user's own network."""
+  finer statistics for a user's own network.
+
+  Its other checks do not apply here. Crowded inputs (`diagnostics.collapse_warning`'s
+  `max_input_cosine`) come from a trunk trained through the layer; these models' inputs are fixed
+  data (pixels, or embeddings computed before the run), whose cosines training cannot change. Few
+  units firing (`min_fired_ratio`) is what a class-incremental task looks like: it shows the layer
+  only its own classes, and the paper's point is that each task recruits its own units."""
   dead = [label for label, active in zip(labels, np.asarray(active_per_example)) if active == 0]
   if not dead:
     return None
