@@ -23,6 +23,10 @@ import sdm_jax
 
 #: The inputs each synopsis takes from its reader, as code run before it.
 GIVEN = {
+  "blocks": """
+x = jax.random.normal(jax.random.key(0), (4, 6, 128))
+tokens_per_epoch = 4 * 6
+""",
   "centering": """
 features = 64
 head = Head(features, nnx.Rngs(0))
@@ -81,9 +85,12 @@ def synopsis(module) -> str:
   return textwrap.dedent("\n".join(block))
 
 
+def _core_modules() -> list[str]:
+  return [info.name for info in pkgutil.iter_modules(sdm_jax.core.__path__) if not info.name.startswith("_")]
+
+
 def _core_modules_with_a_synopsis() -> list[str]:
-  modules = [info.name for info in pkgutil.iter_modules(sdm_jax.core.__path__) if not info.name.startswith("_")]
-  return [n for n in modules if "Synopsis::" in (importlib.import_module(f"sdm_jax.core.{n}").__doc__ or "")]
+  return [n for n in _core_modules() if "Synopsis::" in (importlib.import_module(f"sdm_jax.core.{n}").__doc__ or "")]
 
 
 def test_every_core_module_with_a_synopsis_is_given_its_inputs():
@@ -96,6 +103,7 @@ def test_the_synopsis_runs(name):
   module = importlib.import_module(f"sdm_jax.core.{name}")
   code = synopsis(module)
   namespace = {"jax": jax, "jnp": jnp, "np": np, "optax": optax, "nnx": nnx, "sdm_jax": sdm_jax}
+  namespace.update({n: importlib.import_module(f"sdm_jax.core.{n}") for n in _core_modules()})  # its siblings
   namespace.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
   namespace[name] = module
   if name == "centering":  # the reader's head is the class the synopsis's first paragraph defines

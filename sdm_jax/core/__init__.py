@@ -3,6 +3,7 @@
 - `topk`: the Top-K operations (exact k-th largest, Eq. 4's subtraction, the GABA λ of Eq. 12).
 - `sdm_layer`: `SDMSpec` and the layer's pure functions (init, apply, project, counters).
 - `nnx_layer`: `SDM`, the Flax NNX module around them, and `projection(model)`.
+- `blocks`: `SDMBlock`, the SDM layer as a Transformer's pre-norm residual MLP block.
 - `projection`: the SDM constraint as optax transformations on the marked layers of any tree.
 - `lazy`: optimisers whose state and update freeze for neurons that did not fire.
 - `paths`: marking parameters by path, as the two transformations above take them.

@@ -109,6 +109,11 @@ class Center(nnx.Module):
     self.deterministic = False
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x - mean, per row: x [batch, features] as is; x [..., features] with more leading axes (a
+    sequence's tokens) row by row over the last axis, in its shape; any other x [batch, ...] (an
+    image's [h, w, c]) flattened to [batch, features]."""
+    if x.ndim > 2 and x.shape[-1] == self.features:
+      return self(x.reshape(-1, self.features)).reshape(x.shape)
     x = x.reshape(x.shape[0], -1)
     if x.shape[1] != self.features:
       raise ValueError(f"x must have {self.features} features per example, got shape {x.shape}")
