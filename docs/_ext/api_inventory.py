@@ -19,6 +19,7 @@ import inspect
 import pathlib
 import pkgutil
 import re
+import textwrap
 import types
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -75,8 +76,13 @@ def _targets(node: ast.stmt) -> list[str]:
 def attribute_docs(module: types.ModuleType) -> set[str]:
   """The module-level names assigned with a docstring or a `#:` comment."""
   tree, lines = _source_tree(module)
+  return _documented_assignments(tree.body, lines)
+
+
+def _documented_assignments(body: list[ast.stmt], lines: list[str]) -> set[str]:
+  """The names the statements of `body` assign with a string literal right after them, or a `#:`
+  comment above or at the end of the line (the forms Sphinx's autodoc reads)."""
   documented = set()
-  body = tree.body
   for i, node in enumerate(body):
     targets = _targets(node)
     if not targets:
@@ -215,29 +221,13 @@ def undocumented_fields(cls: type) -> list[str]:
 
 
 def _class_attribute_docs(cls: type) -> set[str]:
-  """The names a class body assigns with a docstring after them or a `#:` comment (the forms
-  Sphinx's autodoc reads)."""
+  """The names a class body assigns with a docstring after them or a `#:` comment."""
   try:
     source = inspect.getsource(cls)
   except (OSError, TypeError):
     return set()
-  import textwrap
-
   lines = textwrap.dedent(source).splitlines()
-  body = ast.parse("\n".join(lines)).body[0].body
-  documented = set()
-  for i, node in enumerate(body):
-    targets = _targets(node)
-    following = body[i + 1] if i + 1 < len(body) else None
-    after = (
-      isinstance(following, ast.Expr)
-      and isinstance(following.value, ast.Constant)
-      and isinstance(following.value.value, str)
-    )
-    above = node.lineno >= 2 and lines[node.lineno - 2].lstrip().startswith("#:")
-    if targets and (after or above or "#:" in lines[node.lineno - 1]):
-      documented.update(targets)
-  return documented
+  return _documented_assignments(ast.parse("\n".join(lines)).body[0].body, lines)
 
 
 #: An `Args:` entry: its indent, the name(s) before the colon, and the description's first line.
