@@ -27,8 +27,8 @@ setuptools.setup(
   # root (`python -m experiments.split_mnist ...`), so no top-level `experiments` package lands in
   # site-packages beside another project's.
   packages=setuptools.find_packages(include=["sdm_jax", "sdm_jax.*"]),
-  # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/engine/cpu_kernels.py).
-  package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax.engine": ["csrc/*.cc"]},
+  # csrc: the C++ source of the CPU FFI kernel, compiled on first use (sdm_jax/engine/kernels.py).
+  package_data={"sdm_jax.data": ["mnist/*.gz", "mnist/README.md"], "sdm_jax.engine.cpu": ["csrc/*.cc"]},
   install_requires=CORE,
   extras_require={
     # tfds: the TFDS data tests run on tfds.testing.mock_data (no TensorFlow needed).

@@ -6,7 +6,7 @@ r"""One dense SGD step, XLA's optax chain against the fused CPU address update, 
 The dense step (`train.train_step` with clip_by_global_norm -> sgd -> projection, the optax chain of
 `optimizers.for_model`) makes ~13 passes over the address matrix [n, r] at 10K neurons
 (benchmarks/README.md, "The dense step at 10K"); `fused_dense.train_step` computes the same gradient
-and does the clip, step, clamp and column normalisation in one kernel (`cpu_kernels.dense_update`:
+and does the clip, step, clamp and column normalisation in one kernel (`kernels.dense_update`:
 a read of G for the norm, a read of X and G and a write of X). This times, in this process, for
 each width r:
 
@@ -16,7 +16,7 @@ each width r:
 - the data: 20 batches of B = 128 MNIST images (task 0, the digits 0 and 1; random pixels with
   --data=random), n = 784;
 - "optax": `train.train_step`; "fused": `fused_dense.train_step`;
-- "kernel": `cpu_kernels.dense_update` alone (fixed G, clip active), the fused step's update part;
+- "kernel": `kernels.dense_update` alone (fixed G, clip active), the fused step's update part;
 - the floor: the two matmuls of the step alone, the forward x @ X [B, r] and the weight gradient
   x^T @ dA [n, r] (dA = relu of the forward, so that it depends on it), in the same kind of scan.
 
@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import epoch_time
-from sdm_jax.engine import cpu_kernels, fused_dense, models, sparse, train
+from sdm_jax.engine import models, train
+from sdm_jax.engine.cpu import fused_dense, kernels, sparse
 
 _NEURONS = epoch_time._NEURONS  # --neurons, shared with epoch_time (absl flags are global)
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed calls of 20 steps per variant (the median is reported).")
@@ -81,7 +82,7 @@ def runners(r: int, x, y):
 
   @functools.partial(jax.jit, donate_argnums=0)
   def kernel(a):
-    update = functools.partial(cpu_kernels.dense_update, learning_rate=0.05, clip_norm=1.0)
+    update = functools.partial(kernels.dense_update, learning_rate=0.05, clip_norm=1.0)
     return jax.lax.scan(lambda a, _: (update(a, gradient, jnp.float32(0.0))[0], None), a, None, length=_STEPS)[0]
 
   @functools.partial(jax.jit, donate_argnums=1)
@@ -107,8 +108,8 @@ def runners(r: int, x, y):
 
 def main(argv):
   del argv
-  if not cpu_kernels.available():
-    raise app.UsageError(f"the C++ kernels did not build: {cpu_kernels.build_error()}")
+  if not kernels.available():
+    raise app.UsageError(f"the C++ kernels did not build: {kernels.build_error()}")
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.machine()}, {os.cpu_count()} cpus, "
     f"{len(os.sched_getaffinity(0))} usable | jax {jax.__version__} | B={_BATCH}, n={_INPUTS}, "

@@ -9,8 +9,8 @@ For each (input size n, neurons r) it measures, in this process:
 - one epoch of training (N = 12,665 examples: MNIST task 0 at n = 784, random pixels at other
   sizes or with --data=random; batch 128, SGD lr 0.05,
   clip 1.0, the SDM projection) for: SDMLP after the GABA switch (k = 10) with the dense step and
-  with the sparse step (`sdm_jax/engine/sparse.py`; by default the C++ FFI kernels of
-  `sdm_jax/engine/cpu_kernels.py` on CPU when they build, and the "sparse_xla" row with XLA only),
+  with the sparse step (`sdm_jax/engine/cpu/sparse.py`; by default the C++ FFI kernels of
+  `sdm_jax/engine/kernels.py` on CPU when they build, and the "sparse_xla" row with XLA only),
   SDMLP during the switch (every neuron active), SDMLP with linear k annealing (traced k = 500,
   bisection threshold), the ReLU MLP, and, when torch is installed, the same SDMLP loop after the
   switch in PyTorch eager (`torch.topk`, autograd, `clip_grad_norm_`, `torch.optim.SGD`, clamp and
@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sdm_jax import data
-from sdm_jax.engine import models, optimizers, sparse, train
+from sdm_jax.engine import models, optimizers, train
+from sdm_jax.engine.cpu import sparse
 
 _INPUT_SIZES = flags.DEFINE_list("input_sizes", ["784"], "Input sizes n.")
 _NEURONS = flags.DEFINE_list("neurons", ["1000", "10000"], "Hidden widths r.")

@@ -3,10 +3,10 @@ r"""One address update of the sparse step's C++ kernels against the dense weight
     python -m benchmarks.sparse_update                              # r = 1K and 10K, 11 and 30 units
     python -m benchmarks.sparse_update --neurons=10000 --units=11 --live=1500
 
-The sparse step (`sdm_jax/engine/sparse.py`) replaces the dense step's weight-gradient matmul
+The sparse step (`sdm_jax/engine/cpu/sparse.py`) replaces the dense step's weight-gradient matmul
 (B x r)^T @ (B x n), the SGD update and the SDM projection of all r rows by one kernel call:
-`cpu_kernels.sparse_update` (one axpy of length n per active unit, then step and re-project
-only the rows it touched), or `cpu_kernels.sparse_update_penalized` when an EWC/MAS/L2 penalty
+`kernels.sparse_update` (one axpy of length n per active unit, then step and re-project
+only the rows it touched), or `kernels.sparse_update_penalized` when an EWC/MAS/L2 penalty
 also moves the rows that have importance. This times that call alone, in this process, for
 each width r and each number of active units per example u:
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks import epoch_time
 from sdm_jax.core import topk
-from sdm_jax.engine import cpu_kernels
+from sdm_jax.engine.cpu import kernels
 
 _NEURONS = epoch_time._NEURONS  # --neurons, shared with epoch_time (absl flags are global)
 _UNITS = flags.DEFINE_list("units", ["11", "30"], "Active units per example u.")
@@ -51,7 +51,7 @@ _INPUTS = 784
 
 
 def slots_for(r: int, units: int, live: int, batch: int = _BATCH, seed: int = 0):
-  """(d, neuron, example) slots, sorted by example as `cpu_kernels.active_units` returns them."""
+  """(d, neuron, example) slots, sorted by example as `kernels.active_units` returns them."""
   rng = np.random.default_rng(seed)
   neuron = np.stack([rng.choice(min(live, r), units, replace=False) for _ in range(batch)]).ravel()
   example = np.repeat(np.arange(batch), units)
@@ -72,12 +72,12 @@ def update_runner(kind: str, x, slots):
     rows = jnp.any(curvature > 0, axis=1)  # the rows the kernel reads A and m for
 
     def plain(a, _):
-      return cpu_kernels.sparse_update(a, x, slots, jnp.float32(0.0), learning_rate=0.05, clip_norm=1.0)[0], None
+      return kernels.sparse_update(a, x, slots, jnp.float32(0.0), learning_rate=0.05, clip_norm=1.0)[0], None
 
     def penalized(carry, _):
       # The row statistics carried from one update to the next, as a sparse block does.
       a, stats, valid = carry
-      a, _, _, stats = cpu_kernels.sparse_update_penalized(
+      a, _, _, stats = kernels.sparse_update_penalized(
         a,
         x,
         slots,
@@ -118,8 +118,8 @@ def time_update(run, r: int, rounds: int) -> float:
 
 def main(argv):
   del argv
-  if not cpu_kernels.available():
-    raise app.UsageError(f"the C++ kernels did not build: {cpu_kernels.build_error()}")
+  if not kernels.available():
+    raise app.UsageError(f"the C++ kernels did not build: {kernels.build_error()}")
   print(
     f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.machine()}, {os.cpu_count()} cpus, "
     f"{len(os.sched_getaffinity(0))} usable | jax {jax.__version__} | B={_BATCH}, n={_INPUTS}, "

@@ -51,7 +51,8 @@ import numpy as np
 from benchmarks import epoch_time
 from experiments import schema
 from experiments.configs import split_mnist
-from sdm_jax.engine import sparse, step_policy, train
+from sdm_jax.engine import train
+from sdm_jax.engine.cpu import sparse, step_policy
 from sdm_jax.runs import final_state
 
 _WIDTHS = flags.DEFINE_list("widths", ["1000", "10000"], "Hidden widths r.")

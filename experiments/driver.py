@@ -428,7 +428,7 @@ def _train(
         logging.info(
           f"task {block.task + 1} epoch {block.epoch_in_task - config.eval_every}: at most "
           f"{engine.blocks.capacity} active units per example; continuing with the sparse SGD step "
-          "(exact, see sdm_jax/engine/sparse.py)"
+          "(exact, see sdm_jax/engine/cpu/sparse.py)"
         )
       if block.warning:
         logging.warning(block.warning)

@@ -20,7 +20,8 @@ import numpy as np
 from sdm_jax import data as data_lib
 from sdm_jax.core import sdm_layer
 from sdm_jax.runs import mesh as mesh_lib
-from sdm_jax.engine import continual, models, optimizers, regularizers, step_policy, validation
+from sdm_jax.engine import continual, models, optimizers, regularizers, validation
+from sdm_jax.engine.cpu import step_policy
 from sdm_jax.data import embeddings
 
 # Input features per dataset: pixels (CIFAR/ImageNet32 32x32x3) or embeddings (None: the file's width,
@@ -38,7 +39,7 @@ MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
 # ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
 CLASS_ORDERS = ("ordinal", "by_seed", "reference")
-TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/engine/sparse.py)
+TRAIN_STEPS = ("auto", "dense")  # auto: the sparse SGD step wherever it is exact (sdm_jax/engine/cpu/sparse.py)
 # XLA's float32 matmul precision (jax.default_matmul_precision): "highest" is full float32 as the
 # authors' PyTorch runs; "default" keeps JAX's setting, which lets a GPU use TF32; same on CPU.
 MATMUL_PRECISIONS = ("default", "high", "highest")

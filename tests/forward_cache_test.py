@@ -1,4 +1,4 @@
-"""The sparse step's forward from cached activations (`sdm_jax/engine/forward_cache.py`)."""
+"""The sparse step's forward from cached activations (`sdm_jax/engine/cpu/forward_cache.py`)."""
 
 import functools
 import json
@@ -10,20 +10,11 @@ import numpy as np
 import pytest
 
 from sdm_jax import data
-from sdm_jax.engine import (
-  continual,
-  cpu_kernels,
-  forward_cache,
-  models,
-  optimizers,
-  regularizers,
-  sparse,
-  step_policy,
-  train,
-)
+from sdm_jax.engine import continual, models, optimizers, regularizers, train
+from sdm_jax.engine.cpu import forward_cache, kernels, sparse, step_policy
 
 
-_NEEDS_KERNELS = pytest.mark.skipif(not cpu_kernels.available(), reason="the CPU kernels did not build")
+_NEEDS_KERNELS = pytest.mark.skipif(not kernels.available(), reason="the CPU kernels did not build")
 # The forward cache serves the sparse step, a CPU path (`step_policy.choose`), and its claim is
 # XLA:CPU's: a cached activation has the bits of the matmul it replaces. On every backend these
 # tests run on the CPU device (conftest's `on_cpu`), the FFI kernels' cases included.
@@ -40,15 +31,15 @@ def _addresses(rng, neurons, inputs):
   return jnp.asarray(a / np.linalg.norm(a, axis=1, keepdims=True))
 
 
-@pytest.mark.parametrize("kernels", [False, pytest.param(True, marks=_NEEDS_KERNELS)], ids=["xla", "ffi"])
-def test_cached_forward_equals_the_matmul_and_a_stale_cache_does_not(kernels):
+@pytest.mark.parametrize("use_kernels", [False, pytest.param(True, marks=_NEEDS_KERNELS)], ids=["xla", "ffi"])
+def test_cached_forward_equals_the_matmul_and_a_stale_cache_does_not(use_kernels):
   """Examples visited, a few neurons moved and marked, examples visited again: every activation
   equals relu(X x) bit for bit, with fewer columns computed; a moved neuron left unmarked (a stale
   cache) is caught by the same comparison. The rows move through XLA or the CPU kernels."""
   rng = np.random.default_rng(0)
   neurons, inputs, examples, batch = 160, 784, 48, 16
   x_all, addresses = _batch(rng, examples, inputs), _addresses(rng, neurons, inputs)
-  forward = jax.jit(functools.partial(forward_cache.activations, kernels=kernels))
+  forward = jax.jit(functools.partial(forward_cache.activations, use_kernels=use_kernels))
   cache = forward_cache.empty(examples, neurons)
   step = 0
   for start in range(0, examples, batch):  # the first visits: dense
@@ -110,8 +101,8 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   importances), task 2. With the cache: the same parameters, counters and losses as the sparse step
   without it, from epoch 2 of each block with only part of the activations computed; the run cut
   after task 1, its states saved to the host and put back, ends bit for bit as the uninterrupted one."""
-  if kernel == "ffi" and not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if kernel == "ffi" and not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   x, y, sizes = _mnist_tasks()
   spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))

@@ -9,7 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax.engine import cpu_kernels, fused_dense, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import models, optimizers, regularizers, train
+
+from sdm_jax.engine.cpu import fused_dense, kernels, sparse
 
 _BATCH, _STEPS, _INPUTS, _NEURONS = 32, 10, 784, 200
 
@@ -63,8 +65,8 @@ def _assert_same(dense, fused, start):
 
 
 def _needs_kernel():
-  if not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
 
 
 def _init(spec, sgd, regularizer=None, counts=0.0):

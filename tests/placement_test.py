@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sdm_jax.core import placement, topk
-from sdm_jax.engine import cpu_kernels, models, sparse, step_policy, train
+from sdm_jax.engine import models, train
+from sdm_jax.engine.cpu import kernels, sparse, step_policy
 
 
 def test_the_default_device_decides_and_committed_arrays_win(platform):
@@ -44,7 +45,7 @@ def test_every_choice_follows_the_decision(platform):
       step_policy.choose(spec).sgd is not None,
     )
 
-  on_cpu = ("chunked", "map", "ffi" if cpu_kernels.available() else "xla", True)
+  on_cpu = ("chunked", "map", "ffi" if kernels.available() else "xla", True)
   assert choices() == (on_cpu if platform == "cpu" else ("top_k", "vmap", "xla", False))
   if platform != "cpu":
     assert step_policy.choose(spec).reason.startswith(f"the {platform} platform")
@@ -58,22 +59,22 @@ def test_the_cpu_kernels_refuse_another_platform_in_one_line(monkeypatch):
   or on arrays committed to it, they run."""
   a = jnp.asarray(np.random.default_rng(0).random((20, 4)), jnp.float32)  # [r, B]
   lam = jnp.ones(20)
-  select = jax.jit(lambda a, lam: cpu_kernels.active_units(a, lam, k=3, num_slots=16))
+  select = jax.jit(lambda a, lam: kernels.active_units(a, lam, k=3, num_slots=16))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   jax.clear_caches()
   with pytest.raises(ValueError, match=r"CPU device only, and this computation runs on 'gpu'") as refused:
     sparse.SparseSGD(0.05, kernel="ffi").address_kernel()
   assert "\n" not in str(refused.value) and "kernel='ffi'" in str(refused.value)
-  with pytest.raises(ValueError, match=r"cpu_kernels\.active_units.*runs on 'gpu'"):
+  with pytest.raises(ValueError, match=r"kernels\.active_units.*runs on 'gpu'"):
     select(a, lam)
-  if not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   with jax.default_device(jax.devices("cpu")[0]):
     assert sparse.SparseSGD(0.05, kernel="ffi").address_kernel() == "ffi"
     slots, total = select(a, lam)
   assert int(total) == 4 * 3  # after the switch (λ = 1) k units per example fire
   committed = jax.device_put(a, jax.devices("cpu")[0])
-  assert int(cpu_kernels.active_units(committed, lam, k=3, num_slots=16)[1]) == 12  # eager, on its device
+  assert int(kernels.active_units(committed, lam, k=3, num_slots=16)[1]) == 12  # eager, on its device
   jax.clear_caches()
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from sdm_jax import data
 from sdm_jax.core import topk
-from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, step_policy, train
+from sdm_jax.engine import models, optimizers, regularizers, train
+from sdm_jax.engine.cpu import kernels, sparse, step_policy
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +85,7 @@ def _switched_states(spec, tx, seeds):
   return states
 
 
-# XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/engine/cpu_kernels.py)
+# XLA per-slot scatters; XLA distinct rows + matmul; the CPU FFI kernels (sdm_jax/engine/kernels.py)
 # under lax.map and under vmap over seeds.
 @pytest.mark.parametrize(
   "max_touched,kernel,seed_loop", [(0, "xla", "auto"), (40, "xla", "auto"), (None, "ffi", "map"), (None, "ffi", "vmap")]
@@ -94,8 +95,8 @@ def _switched_states(spec, tx, seeds):
 def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched, kernel, seed_loop):
   """Same params, counters and metrics as the dense step, with neurons shared across each batch
   (40 neurons, k = 5, batch 64: every batch picks most neurons many times), on every address path."""
-  if kernel == "ffi" and not cpu_kernels.available():  # tests/cpu_kernels_test.py asserts it builds with g++
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if kernel == "ffi" and not kernels.available():  # tests/kernels_test.py asserts it builds with g++
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   if kernel == "ffi":  # the autouse fixture above put this case on the CPU device
     assert jax.config.jax_default_device == jax.devices("cpu")[0]
   x, y, sizes = _mnist_task()
@@ -157,8 +158,8 @@ def test_default_slots_per_example_widen_with_the_layer(on_cpu):
   rows at 1K (the main job's), 312 at 10K (80 on the XLA path), so a wide layer takes the sparse
   step late in the switch; an explicit `max_active` wins, and one below k is refused."""
   assert sparse.SparseSGD(0.05, kernel="xla").capacity(models.sdmlp(784, 10_000, 10, k=10)) == 80
-  if not cpu_kernels.available():  # tests/cpu_kernels_test.py asserts it builds with g++
-    pytest.skip(cpu_kernels.build_error())
+  if not kernels.available():  # tests/kernels_test.py asserts it builds with g++
+    pytest.skip(kernels.build_error())
   sgd = sparse.SparseSGD(0.05)
   assert sgd.capacity(models.sdmlp(784, 1000, 10, k=10)) == 80
   assert sgd.capacity(models.sdmlp(784, 1000, 10, k=1)) == 65
@@ -233,8 +234,8 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
   """Fast tier: two epochs from a partly switched layer, where examples fire up to several times
   k units (the slots hold the batch's total, not k per example): same parameters, counters and
   loss as the dense step, and every step ran sparse."""
-  if kernel == "ffi" and not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if kernel == "ffi" and not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=300)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)  # lambdas barely move in 2 epochs
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
@@ -268,8 +269,8 @@ def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch, on_cpu):
   """Fast tier: the slot terms on the smallest tier that holds the active units give the same bits
   as on every slot (`sparse._sparse_update`), after the switch (about k units per example: a low
   tier) and partly switched (more), plain and penalised."""
-  if not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=300)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
@@ -328,8 +329,8 @@ def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer,
   gradient through the slots, the penalty's 2λA(θ − m) elementwise, the clip over the true global
   norm, the projection over every row moved, SI's w on the rows touched. Task 1, the boundary
   (importances, anchors), task 2: same as the dense step (SI's w too)."""
-  if kernel == "ffi" and not cpu_kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {cpu_kernels.build_error()}")
+  if kernel == "ffi" and not kernels.available():
+    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=400)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))

@@ -1,4 +1,4 @@
-"""Which step trains each block (`sdm_jax/engine/step_policy.py`)."""
+"""Which step trains each block (`sdm_jax/engine/cpu/step_policy.py`)."""
 
 import chex
 import jax
@@ -7,7 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from sdm_jax.engine import forward_cache, models, regularizers, sparse, step_policy, train
+from sdm_jax.engine import models, regularizers, train
+
+from sdm_jax.engine.cpu import forward_cache, sparse, step_policy
 
 # Every test here runs on this machine's platform and under conftest's accelerator stand-in: the
 # policy is the platform's (the sparse step on CPU, the dense step with the platform as its reason

@@ -154,10 +154,10 @@ def base_config() -> ml_collections.ConfigDict:
   config.epochs_per_task = REFERENCE_EPOCHS_PER_TASK
   config.eval_every = 10
   config.batch_size = 128
-  # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/engine/sparse.py),
-  # and before it the fused dense step (sdm_jax/engine/fused_dense.py). "dense": always the optax step.
+  # "auto": once the GABA switch is complete, SGD runs the sparse step (exact; sdm_jax/engine/cpu/sparse.py),
+  # and before it the fused dense step (sdm_jax/engine/cpu/fused_dense.py). "dense": always the optax step.
   config.train_step = "auto"
-  # The sparse step's forward caches' memory, every model's, in MiB (sdm_jax/engine/forward_cache.py
+  # The sparse step's forward caches' memory, every model's, in MiB (sdm_jax/engine/cpu/forward_cache.py
   # and step_policy.DEFAULT_CACHE_BYTES); 0: none.
   config.forward_cache_mib = 2048
   # XLA's float32 matmul precision: default | high | highest (highest = full float32, as the authors'

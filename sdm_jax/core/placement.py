@@ -10,7 +10,7 @@ Every choice that differs between CPU and an accelerator reads this module: the 
 method (`topk.resolve_threshold_method`), the loop over seeds (`train.resolve_seed_loop`: `lax.map`
 on CPU, `vmap` elsewhere), which step trains a block (`step_policy.choose`: the sparse step on CPU
 only), and whether the sparse step's selection and update are the C++ kernels of
-`engine/cpu_kernels.py`, which are registered with XLA for the CPU platform only
+`engine/kernels.py`, which are registered with XLA for the CPU platform only
 (`sparse.SparseSGD.address_kernel`). The kernels themselves refuse, in one line naming the
 platform, to be traced for another one (`require_cpu`), before anything is compiled.
 

@@ -26,7 +26,8 @@ import optax
 
 from sdm_jax import data as data_lib
 from sdm_jax.core import topk
-from sdm_jax.engine import metrics, models, regularizers, step_policy, train, validation
+from sdm_jax.engine import metrics, models, regularizers, train, validation
+from sdm_jax.engine.cpu import step_policy
 from sdm_jax.runs import metric_writers
 
 #: The columns of a curve row (`run`'s Block.rows), before one accuracy_task<j> per task.

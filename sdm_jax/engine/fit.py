@@ -26,7 +26,8 @@ import numpy as np
 import optax
 
 from sdm_jax.core import projection, sdm_layer
-from sdm_jax.engine import continual, models, optimizers, regularizers, step_policy, train, validation
+from sdm_jax.engine import continual, models, optimizers, regularizers, train, validation
+from sdm_jax.engine.cpu import step_policy
 from sdm_jax.runs import workdir as workdir_lib
 
 

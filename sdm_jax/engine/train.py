@@ -30,7 +30,8 @@ import optax
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.core import placement, sdm_layer
-from sdm_jax.engine import forward_cache, metrics, models, regularizers, sparse
+from sdm_jax.engine import metrics, models, regularizers
+from sdm_jax.engine.cpu import forward_cache, sparse
 
 
 @flax.struct.dataclass
@@ -106,7 +107,7 @@ class EpochMetrics(NamedTuple):
   dead_fraction: jax.Array
   #: The mean number of neurons > 0 per example.
   active_per_example: jax.Array
-  #: The fraction of steps that ran the sparse step exactly (sdm_jax/engine/sparse.py).
+  #: The fraction of steps that ran the sparse step exactly (sdm_jax/engine/cpu/sparse.py).
   sparse_fraction: jax.Array
   #: The mean share per step of the activations the forward computed (< 1: `forward_cache`).
   forward_fraction: jax.Array
@@ -373,7 +374,7 @@ def train_epoch(
         idx,
         valid,
         step_index,
-        kernels=sparse_sgd.address_kernel() == "ffi",
+        use_kernels=sparse_sgd.address_kernel() == "ffi",
       )
 
     def step(state, penalty, activations):
@@ -447,7 +448,7 @@ def train_epochs(
 ):
   """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
 
-  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.sparse`;
+  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.cpu.sparse`;
   the caller checks it is exact); the hidden kernel is carried neuron-major
   inside the block and transposed back at its end. With `cache_bytes` > 0, when the task's
   activations fit that many bytes, the sparse step's forward reads a `forward_cache`: the one

@@ -13,7 +13,8 @@ import pytest
 
 from sdm_jax import data
 from sdm_jax.core import topk
-from sdm_jax.engine import cpu_kernels, models, optimizers, sparse, train
+from sdm_jax.engine import models, optimizers, train
+from sdm_jax.engine.cpu import kernels, sparse
 
 HAVE_COMPILER = shutil.which((os.environ.get("CXX") or "g++").split()[0]) is not None
 needs_kernel = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler: the XLA fallback is tested instead")
@@ -69,9 +70,9 @@ def test_kernel_builds_when_a_compiler_is_present(platform):
   """On the CPU device the sparse step takes the kernels whatever the default backend (a GPU
   host's, or the stand-in's); off it, only where the default device is a CPU."""
   if not HAVE_COMPILER:
-    assert not cpu_kernels.available() and "compiler" in cpu_kernels.build_error()
+    assert not kernels.available() and "compiler" in kernels.build_error()
     return
-  assert cpu_kernels.available(), cpu_kernels.build_error()
+  assert kernels.available(), kernels.build_error()
   assert sparse.SparseSGD(0.1).address_kernel() == "ffi"  # (this module runs on the CPU device)
   assert sparse.SparseSGD(0.1, kernel="xla").address_kernel() == "xla"
   with jax.default_device(None):  # the machine's default device
@@ -86,7 +87,7 @@ def test_update_matches_numpy_and_the_xla_update(clip_factor):
   _, _, norm = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, None)
   clip_norm = None if clip_factor is None else clip_factor * norm
   want, want_step, _ = _numpy_update(addresses, x, d_hidden, winners, values_sq, lr, clip_norm)
-  got, step = jax.jit(functools.partial(cpu_kernels.sparse_update, learning_rate=lr, clip_norm=clip_norm))(
+  got, step = jax.jit(functools.partial(kernels.sparse_update, learning_rate=lr, clip_norm=clip_norm))(
     addresses, x, _slots(d_hidden, winners), values_sq
   )
   np.testing.assert_allclose(float(step), want_step, rtol=1e-5)
@@ -135,7 +136,7 @@ def test_penalized_update_matches_numpy_and_carried_row_stats_are_exact(clip_fac
   want = addresses.astype(np.float64).copy()
   stepped = np.maximum(want[moved] - step * grad[moved], 0.0)
   want[moved] = stepped / np.linalg.norm(stepped, axis=1, keepdims=True)
-  update = jax.jit(functools.partial(cpu_kernels.sparse_update_penalized, learning_rate=lr, clip_norm=clip_norm))
+  update = jax.jit(functools.partial(kernels.sparse_update_penalized, learning_rate=lr, clip_norm=clip_norm))
   operands = (curvature, center, rows, strength)
   got, got_step, value, stats = update(jnp.array(addresses), x, slots, values_sq, *operands)
   np.testing.assert_allclose(float(got_step), step, rtol=1e-5)
@@ -167,7 +168,7 @@ def test_update_zero_rows_and_out_of_range_winners():
   addresses, x, d_hidden, winners, values_sq = _random_problem(1, r=10, batch=8, m=2, padded=0)
   winners[0] = [9, 10]  # 10 is out of range
   x = np.full_like(x, 1 / np.sqrt(x.shape[1]))  # every coordinate of a touched row's gradient > 0
-  got, _ = cpu_kernels.sparse_update(
+  got, _ = kernels.sparse_update(
     addresses, x, _slots(np.full_like(d_hidden, 1e3), winners), values_sq, learning_rate=1.0, clip_norm=None
   )
   got = np.asarray(got)
@@ -179,7 +180,7 @@ def test_update_zero_rows_and_out_of_range_winners():
 def test_vmap_and_lax_map_equal_the_loop():
   problems = [_random_problem(s) for s in range(3)]
   stacked = [np.stack(a) for a in zip(*problems)]
-  update = functools.partial(cpu_kernels.sparse_update, learning_rate=0.5, clip_norm=0.1)
+  update = functools.partial(kernels.sparse_update, learning_rate=0.5, clip_norm=0.1)
 
   def fn(addresses, x, d_hidden, winners, values_sq):
     batch, m = winners.shape[-2:]
@@ -205,7 +206,7 @@ def test_no_copy_of_the_addresses_inside_the_scan():
 
   def run(a):
     def body(a, _):
-      return cpu_kernels.sparse_update(a, x, slots, values_sq, learning_rate=0.1, clip_norm=1.0)
+      return kernels.sparse_update(a, x, slots, values_sq, learning_rate=0.1, clip_norm=1.0)
 
     return jax.lax.scan(body, a, None, length=3)
 
@@ -224,7 +225,7 @@ def test_top_values_and_indices_match_a_sort(ties, r, m):
     a = np.round(a * 5) / 5
     a[rng.random(a.shape) < 0.4] = 0.0
   a[:, -1] = 0.0  # an example with no activity
-  values, indices = map(np.asarray, jax.jit(lambda a: cpu_kernels.top_values_and_indices(a, m))(a))
+  values, indices = map(np.asarray, jax.jit(lambda a: kernels.top_values_and_indices(a, m))(a))
   np.testing.assert_array_equal(values, -np.sort(-a.T, axis=1)[:, :m])
   np.testing.assert_array_equal(np.take_along_axis(a.T, indices, axis=1), values)
   assert all(len(set(row)) == m for row in indices.tolist())  # distinct units, ties with multiplicity
@@ -259,7 +260,7 @@ def test_active_units_match_numpy_and_the_xla_selection(switched, k, capacity):
     counts[short] = rng.random(short.sum()) * 100  # lambda in [-1, 1), distinct (no ties in relu(a - lambda I))
   lam = np.asarray(topk.gaba_lambda(jnp.asarray(counts), spec.hidden.switch_activations))
   num_slots = batch * capacity
-  got, total = jax.jit(functools.partial(cpu_kernels.active_units, k=k, num_slots=num_slots))(a, lam)
+  got, total = jax.jit(functools.partial(kernels.active_units, k=k, num_slots=num_slots))(a, lam)
   xla, xla_total = jax.jit(functools.partial(sparse._active_units, spec=spec, num_slots=num_slots))(a, lam)
   example, neuron, value = _numpy_active_units(a, lam, k)
   assert int(total) == int(xla_total) == len(example)
@@ -301,13 +302,13 @@ def _switched_states(spec, tx, seeds):
 def test_fallback_when_the_build_fails(monkeypatch, tmp_path, caplog):
   """No compiler: one warning, `available()` False, "auto" takes the XLA update (same result),
   "ffi" raises."""
-  monkeypatch.setattr(cpu_kernels, "_state", {})
+  monkeypatch.setattr(kernels, "_state", {})
   monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
   monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(tmp_path / "cache"))
   with caplog.at_level(logging.WARNING):
-    assert not cpu_kernels.available()
-    assert not cpu_kernels.available()
-  assert "no-such-g++" in cpu_kernels.build_error()
+    assert not kernels.available()
+    assert not kernels.available()
+  assert "no-such-g++" in kernels.build_error()
   assert len([r for r in caplog.records if "sparse step" in r.getMessage()]) == 1  # warned once
   assert sparse.SparseSGD(0.1).address_kernel() == "xla"
   with pytest.raises(RuntimeError, match="unavailable"):
@@ -333,7 +334,7 @@ def test_a_failed_compile_is_reported(monkeypatch, tmp_path):
   fake.chmod(0o755)
   monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(tmp_path / "cache"))
   with pytest.raises(RuntimeError, match="nope"):
-    cpu_kernels.build([str(fake)])
+    kernels.build([str(fake)])
   assert not list((tmp_path / "cache").iterdir())
 
 
@@ -345,12 +346,12 @@ def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_pat
   blocker = tmp_path / "a-file"
   blocker.write_text("")
   monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(blocker / "cache"))
-  monkeypatch.setattr(cpu_kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
+  monkeypatch.setattr(kernels.tempfile, "tempdir", str(tmp_path / "tmp"))
   (tmp_path / "tmp").mkdir()
-  path = cpu_kernels.build()
+  path = kernels.build()
   assert path.is_file() and path.is_relative_to(tmp_path / "tmp")
   assert [p.name for p in path.parent.iterdir()] == [path.name]
-  assert cpu_kernels.build() == path
+  assert kernels.build() == path
 
 
 def _dense_problem(seed, n=784, r=203):
@@ -383,7 +384,7 @@ def test_dense_update_matches_numpy(clip_factor):
   _, _, norm = _numpy_dense_update(addresses, gradient, values_sq, lr, None)
   clip_norm = None if clip_factor is None else clip_factor * norm
   want, want_step, _ = _numpy_dense_update(addresses, gradient, values_sq, lr, clip_norm)
-  got, step = jax.jit(functools.partial(cpu_kernels.dense_update, learning_rate=lr, clip_norm=clip_norm))(
+  got, step = jax.jit(functools.partial(kernels.dense_update, learning_rate=lr, clip_norm=clip_norm))(
     addresses, gradient, values_sq
   )
   np.testing.assert_allclose(float(step), want_step, rtol=1e-6)
@@ -403,7 +404,7 @@ def test_dense_update_clips_by_the_exact_norm_of_any_size(n):
   addresses, gradient, values_sq = _dense_problem(1, n=n)
   _, want_step, norm = _numpy_dense_update(addresses, gradient, values_sq, 0.7, 0.5)
   assert norm > 0.5  # the clip is active: the step depends on the norm
-  _, step = cpu_kernels.dense_update(addresses, gradient, values_sq, learning_rate=0.7, clip_norm=0.5)
+  _, step = kernels.dense_update(addresses, gradient, values_sq, learning_rate=0.7, clip_norm=0.5)
   np.testing.assert_allclose(float(step), want_step, rtol=1e-6)
 
 
@@ -414,7 +415,7 @@ def test_dense_update_under_vmap_and_in_place():
   problems = [_dense_problem(1), _dense_problem(2)]
   problems[1] = (problems[1][0], problems[1][1] * 1e-4, problems[1][2] * 1e-8)  # ||g|| < clip: no clip
   stacked = [np.stack(a) for a in zip(*problems)]
-  update = functools.partial(cpu_kernels.dense_update, learning_rate=0.5, clip_norm=0.1)
+  update = functools.partial(kernels.dense_update, learning_rate=0.5, clip_norm=0.1)
   got, steps = jax.jit(jax.vmap(update))(*stacked)
   for i, problem in enumerate(problems):
     want, want_step, _ = _numpy_dense_update(*problem, 0.5, 0.1)
@@ -433,11 +434,11 @@ def test_dense_update_under_vmap_and_in_place():
 
 _THREADS_SCRIPT = """
 import sys, numpy as np, jax, jax.numpy as jnp
-from sdm_jax.engine import cpu_kernels
+from sdm_jax.engine.cpu import kernels
 rng = np.random.default_rng(3)
 x = np.abs(rng.normal(size=(64, 4200))).astype(np.float32)  # 16 full tiles of 256 columns and a tail
 g = rng.normal(size=x.shape).astype(np.float32)
-a, s = jax.jit(lambda x, g: cpu_kernels.dense_update(x, g, jnp.float32(0.3), learning_rate=0.05, clip_norm=1.0))(x, g)
+a, s = jax.jit(lambda x, g: kernels.dense_update(x, g, jnp.float32(0.3), learning_rate=0.05, clip_norm=1.0))(x, g)
 np.save(sys.argv[1], np.append(np.asarray(a).ravel(), np.asarray(s)))
 """
 
@@ -475,9 +476,9 @@ def test_cache_rows_and_cache_write_equal_the_gather_and_scatter(examples, neuro
   ):
     index = jnp.asarray(index, jnp.int32)
     want_rows = np.asarray(rows.at[index].get(mode="fill", fill_value=0.0).T)
-    np.testing.assert_array_equal(np.asarray(cpu_kernels.cache_rows(rows, index)), want_rows)
+    np.testing.assert_array_equal(np.asarray(kernels.cache_rows(rows, index)), want_rows)
     want_write = np.asarray(rows.at[index].set(a.T, mode="drop"))
-    np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.cache_write)(rows, a, index)), want_write)
+    np.testing.assert_array_equal(np.asarray(jax.jit(kernels.cache_write)(rows, a, index)), want_write)
   assert rows.shape == (examples, neurons) and not rows.is_deleted()  # not donated: the input is intact
 
 
@@ -489,14 +490,14 @@ def test_cache_kernels_under_vmap_and_in_place():
   rows = jnp.asarray(rng.normal(size=(2, 64, 48)).astype(np.float32))
   a = jnp.asarray(rng.normal(size=(2, 48, 16)).astype(np.float32))
   index = jnp.asarray(np.stack([rng.permutation(64)[:16], rng.permutation(64)[:16]]), jnp.int32)
-  got_rows = jax.vmap(cpu_kernels.cache_rows)(rows, index)
-  got_write = jax.vmap(cpu_kernels.cache_write)(rows, a, index)
+  got_rows = jax.vmap(kernels.cache_rows)(rows, index)
+  got_write = jax.vmap(kernels.cache_write)(rows, a, index)
   for m in range(2):
-    np.testing.assert_array_equal(got_rows[m], cpu_kernels.cache_rows(rows[m], index[m]))
+    np.testing.assert_array_equal(got_rows[m], kernels.cache_rows(rows[m], index[m]))
     np.testing.assert_array_equal(got_write[m], rows[m].at[index[m]].set(a[m].T))
 
   def run(cache):
-    return jax.lax.scan(lambda c, i: (cpu_kernels.cache_write(c, a[0], i), None), cache, index)[0]
+    return jax.lax.scan(lambda c, i: (kernels.cache_write(c, a[0], i), None), cache, index)[0]
 
   hlo = jax.jit(run, donate_argnums=0).lower(rows[0]).compile().as_text()
   assert "sdm_jax_cache_write" in hlo

@@ -20,7 +20,7 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
    (example, neuron, a*), sorted by example. The slots hold the batch's TOTAL active count
    (`SparseSGD.capacity` per example on average), with no limit per example: an example whose
    neurons are short of lambda = +1 may fire 300 units while the batch's mean stays near k. On
-   CPU by default one C++ kernel (`cpu_kernels.active_units`) does the selection, the
+   CPU by default one C++ kernel (`kernels.active_units`) does the selection, the
    threshold, the GABA lambdas and both cases of the switch; elsewhere XLA (`_active_units`);
    logits from the slots;
 2. backward by hand: d logits, then d a* per slot, d X_v as a scatter of the slots' rows. The
@@ -28,11 +28,11 @@ needs no re-projection. A regulariser's quadratic penalty (EWC, MAS, SI, L2:
    counters' and the activity's scatters) runs on the smallest of a few tiers that holds them
    (`SLOT_TIERS`, multiples of B * k: after the switch the first), not on all the slots;
 3. d X_a, clipping and the update (`SparseSGD.kernel`):
-   - on CPU (default when it builds): one XLA FFI custom call in C++ (`cpu_kernels.sparse_update`,
+   - on CPU (default when it builds): one XLA FFI custom call in C++ (`kernels.sparse_update`,
      `csrc/sparse_step.cc`) that groups the slots by neuron, sums each touched neuron's gradient
      row as one axpy of length n per slot (work in proportion to the units that fired, not to
      the layer), adds the penalty's gradient on the rows whose A
-     is not zero (`cpu_kernels.sparse_update_penalized`), takes the exact global norm from those
+     is not zero (`kernels.sparse_update_penalized`), takes the exact global norm from those
      rows, and clips, steps, clamps and normalises them in place (the addresses buffer is aliased
      to the result: no copy). A row only the penalty moves is read and written once per step:
      its share of the norm and of the penalty's value come from the previous step's update
@@ -64,7 +64,7 @@ flagged, and `train.run_block` redoes the whole block of epochs with the dense s
 of the state, so results are always exact. The dense path (`train.train_step`) stays for
 momentum optimisers, biases, dropout, masks and linear annealing.
 `tests/sparse_test.py` checks the two agree to 1e-5, through the switch, beyond k active units
-per example, with every penalty, with neurons shared across a batch; `tests/cpu_kernels_test.py`
+per example, with every penalty, with neurons shared across a batch; `tests/kernels_test.py`
 the CPU kernels against numpy and the XLA paths. The experiment runner uses it on CPU (`lax.map`
 over seeds) only; its speed is in benchmarks/README.md.
 """
@@ -79,7 +79,8 @@ import jax.numpy as jnp
 import optax
 
 from sdm_jax.core import placement, sdm_layer, topk
-from sdm_jax.engine import cpu_kernels, models, regularizers
+from sdm_jax.engine import models, regularizers
+from sdm_jax.engine.cpu import kernels
 
 
 #: Where the step's selection and update run: the C++ FFI kernels on CPU when built ("auto"), or XLA.
@@ -113,7 +114,7 @@ class SparseSGD(NamedTuple):
   else the per-slot path (10K neurons). It applies to the XLA update only.
 
   `kernel` picks how the selection and the address update run: "auto" (default) the C++ FFI
-  kernels (`cpu_kernels.active_units` and `cpu_kernels.sparse_update`: no touched capacity)
+  kernels (`kernels.active_units` and `kernels.sparse_update`: no touched capacity)
   when the computation runs on a CPU device (`placement.platform`) and they build, else XLA;
   "xla" always the XLA paths; "ffi" the kernels or an error (see `address_kernel`).
   """
@@ -133,10 +134,10 @@ class SparseSGD(NamedTuple):
   kernel: str = "auto"
 
   def address_kernel(self) -> str:
-    """The kernels this step uses: "ffi" (`cpu_kernels`) or "xla".
+    """The kernels this step uses: "ffi" (`kernels`) or "xla".
 
     `kernel` "auto" (default): "ffi" when the computation runs on a CPU device
-    (`placement.platform`) and the kernel built (`cpu_kernels.available()`), else "xla" (GPU/TPU,
+    (`placement.platform`) and the kernel built (`kernels.available()`), else "xla" (GPU/TPU,
     or no C++ compiler: one warning). "xla" forces the XLA paths (`max_touched` applies only to
     them); "ffi" forces the kernels: ValueError on another platform (naming it), RuntimeError if
     they did not build, before anything is compiled.
@@ -147,10 +148,10 @@ class SparseSGD(NamedTuple):
       return "xla"
     if self.kernel == "ffi":
       placement.require_cpu("SparseSGD(kernel='ffi'): the sparse step's C++ kernels")
-      if not cpu_kernels.available():
-        raise RuntimeError(f"SparseSGD(kernel='ffi'): the CPU kernel is unavailable: {cpu_kernels.build_error()}")
+      if not kernels.available():
+        raise RuntimeError(f"SparseSGD(kernel='ffi'): the CPU kernel is unavailable: {kernels.build_error()}")
       return "ffi"
-    return "ffi" if placement.is_cpu() and cpu_kernels.available() else "xla"
+    return "ffi" if placement.is_cpu() and kernels.available() else "xla"
 
   def capacity(self, spec: models.ModelSpec) -> int:
     """Mean active units per example the slots hold (`max_active`)."""
@@ -230,7 +231,7 @@ class Penalty(NamedTuple):
   values_curvature, values_center: A and m of the output kernel [r, classes]; offset: R;
   row_stats: (stats [2, r], valid bool []) each address row's |2 λ A (θ − m)|² and A (θ − m)²
   summed, at the current addresses, from the last step's update pass (the CPU kernel's
-  `cpu_kernels.sparse_update_penalized`; `train_step_with_penalty` carries them from step to step
+  `kernels.sparse_update_penalized`; `train_step_with_penalty` carries them from step to step
   within an epoch, where only the sparse step changes the addresses); invalid at first.
   """
 
@@ -305,7 +306,7 @@ def train_step_with_penalty(
     else jnp.ones((spec.neurons,), jnp.float32)
   )
   if sgd.address_kernel() == "ffi":
-    slots, total = cpu_kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
+    slots, total = kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
     total_if_packed = total  # the kernel packs the active units into the first slots
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
@@ -324,7 +325,7 @@ def layer_input(x, valid):
 
 
 def _active_units(a, lam, *, spec, num_slots):
-  """XLA's `cpu_kernels.active_units`: slots (example, neuron, a*) [S] sorted by example, and the
+  """XLA's `kernels.active_units`: slots (example, neuron, a*) [S] sorted by example, and the
   number of active units."""
   r, batch = a.shape
   top_values, top_indices = topk.top_values_and_indices(a, spec.hidden.k + 1, axis=0)
@@ -471,7 +472,7 @@ def _slot_tiers(spec, num_slots: int, batch: int) -> list[int]:
 def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, penalty=None, total=None):
   """The SGD step from the active units' slots (example, neuron, a*), each [S].
 
-  `total`: the number of active units when they are the first slots (`cpu_kernels.active_units`
+  `total`: the number of active units when they are the first slots (`kernels.active_units`
   packs them so); the slot terms then run on the smallest tier that holds them (`_slot_tiers`,
   one `lax.switch`: only the taken branch runs; under `vmap`, seed_loop "vmap", every tier runs
   and a select picks one), with the same bits as on all S slots.
@@ -548,16 +549,16 @@ def _update_addresses(addresses, x, slots, values_sq, *, spec, sgd, strength, pe
   the penalty's row statistics at the new addresses (`Penalty.row_stats`; None without one))."""
   update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
   if sgd.address_kernel() == "ffi":
-    # Every touched row, no capacity (one axpy per slot, in place): `cpu_kernels`.
+    # Every touched row, no capacity (one axpy per slot, in place): `kernels`.
     if penalty is None:
-      return (*cpu_kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None, None)
+      return (*kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None, None)
     operands = (penalty.address_curvature, penalty.address_center, penalty.rows, strength)
     if si is None:
-      addresses, step_size, value, stats = cpu_kernels.sparse_update_penalized(
+      addresses, step_size, value, stats = kernels.sparse_update_penalized(
         addresses, x, slots, values_sq, *operands, penalty.row_stats, **update
       )
       return addresses, step_size, value, True, None, (stats, jnp.ones((), bool))
-    addresses, step_size, value, w, stats = cpu_kernels.sparse_update_path_integral(
+    addresses, step_size, value, w, stats = kernels.sparse_update_path_integral(
       addresses, x, slots, values_sq, *operands, *si, penalty.row_stats, **update
     )
     return addresses, step_size, value, True, w, (stats, jnp.ones((), bool))

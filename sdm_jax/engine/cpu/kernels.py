@@ -2,9 +2,9 @@
 
 Synopsis::
 
-    if cpu_kernels.available():          # builds (once per source/jaxlib/flags/CPU) and registers
-      slots, total = cpu_kernels.active_units(a, lam, k=10, num_slots=128 * 26)
-      addresses, step = cpu_kernels.sparse_update(addresses, x, (d, neuron, example), values_sq,
+    if kernels.available():          # builds (once per source/jaxlib/flags/CPU) and registers
+      slots, total = kernels.active_units(a, lam, k=10, num_slots=128 * 26)
+      addresses, step = kernels.sparse_update(addresses, x, (d, neuron, example), values_sq,
                                                   learning_rate=0.05, clip_norm=1.0)
 
 `active_units` is the sparse step's selection: from the neuron-major activations a [r, B] and
@@ -39,7 +39,7 @@ to and from the neuron-major [r, B] the sparse step takes: one pass each, by 16 
 transposed in registers (AVX-512; elsewhere a fixed-size loop for the compiler to vectorise),
 where XLA:CPU gathers then transposes, and transposes then scatters. Pure data movement: the
 same bits as the XLA code.
-Source: `sdm_jax/engine/csrc/sparse_step.cc`.
+Source: `sdm_jax/engine/cpu/csrc/sparse_step.cc`.
 
 The targets are registered with XLA:CPU only. Each function refuses, with a ValueError naming the
 platform, to build a call for a computation that runs elsewhere (`placement.require_cpu`: JAX's
@@ -211,7 +211,7 @@ def build_error() -> str | None:
 def _check_available(kernel: str, *operands):
   """Refuses to build a call of `kernel` for a non-CPU platform (the targets are registered for
   XLA:CPU only: `placement.require_cpu`), or when the kernels did not build."""
-  placement.require_cpu(f"the sdm_jax CPU kernels (cpu_kernels.{kernel})", *operands)
+  placement.require_cpu(f"the sdm_jax CPU kernels (kernels.{kernel})", *operands)
   if not available():
     raise RuntimeError(f"the sdm_jax CPU kernels are unavailable: {build_error()}")
 

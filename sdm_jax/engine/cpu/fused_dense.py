@@ -14,7 +14,7 @@ compiles it into ~13 passes over the address matrix (31 MB at r = 10,000; benchm
 "The dense step at 10K"). Here the gradient is the same `jax.value_and_grad(train.loss_and_stats)`
 (a regulariser's penalty included), and then:
 
-- addresses: `cpu_kernels.dense_update` (`csrc/sparse_step.cc`, `SdmDenseUpdate`) reads G once
+- addresses: `kernels.dense_update` (`csrc/sparse_step.cc`, `SdmDenseUpdate`) reads G once
   for the global norm (its squares plus the output layer's, `values_sq`), then, tile by tile of
   columns, X and G once and writes X once (in place: the buffer is aliased), computing
   l2_normalize(relu(X - step G)) per column. With the forward and weight-gradient matmuls that is
@@ -41,7 +41,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.engine import cpu_kernels, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import models, optimizers, regularizers, train
+
+from sdm_jax.engine.cpu import kernels, sparse
 
 
 def optimizer(spec: models.ModelSpec, sgd: sparse.SparseSGD) -> optax.GradientTransformation:
@@ -103,12 +105,12 @@ def train_step(
 
 def _sgd_update(params: dict, grads: dict, sgd: sparse.SparseSGD) -> dict:
   """clip_by_global_norm -> sgd -> `models.project_params` of an eligible model's params: the
-  hidden kernel by `cpu_kernels.dense_update`, every other leaf relu(p - step g) with its step."""
+  hidden kernel by `kernels.dense_update`, every other leaf relu(p - step g) with its step."""
   kernel, kernel_grad = params["hidden"]["kernel"], grads["hidden"]["kernel"]
   rest = {**params, "hidden": {name: p for name, p in params["hidden"].items() if name != "kernel"}}
   rest_grads = {**grads, "hidden": {name: g for name, g in grads["hidden"].items() if name != "kernel"}}
   values_sq = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(rest_grads))
-  kernel, step_size = cpu_kernels.dense_update(
+  kernel, step_size = kernels.dense_update(
     kernel, kernel_grad, values_sq, learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm
   )
   rest = jax.tree.map(lambda p, g: jax.nn.relu(p - step_size * g), rest, rest_grads)

@@ -26,7 +26,7 @@ Costs. The recomputed rows come in tiers from r/16 to r/2 neurons (`TIERS`, one 
 only the taken branch runs); more stale neurons than r/2, or an example never visited (a
 task's first epoch), take the dense matmul. Each step also moves the batch's cached rows
 (read into the neuron-major [r, B] and written back: at least 4 x B x r floats, 5 MB per step
-at 10K neurons; with the CPU kernels one pass each way, `cpu_kernels.cache_rows` and
+at 10K neurons; with the CPU kernels one pass each way, `kernels.cache_rows` and
 `cache_write`). What a step saves is the share of neurons NOT updated within about one epoch
 (the batch's oldest visit): neurons that no example of the task fires, or that fire rarely.
 `benchmarks/README.md` has the measured shares and times. The cache holds num_examples x r
@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sdm_jax.engine import cpu_kernels
+from sdm_jax.engine.cpu import kernels
 
 #: The recomputed rows' capacities in sixteenths of the neurons (r/16 ... r/2); more: the dense matmul
 #: (beyond half the rows, the gathered matmul plus the cache's row traffic costs about what it saves).
@@ -105,14 +105,14 @@ def stale_neurons(cache: ForwardCache, idx, valid) -> jax.Array:
   return cache.updated_at >= oldest
 
 
-def activations(cache: ForwardCache, addresses, x, idx, valid, step, *, kernels: bool = False):
+def activations(cache: ForwardCache, addresses, x, idx, valid, step, *, use_kernels: bool = False):
   """relu(X_a x) for the batch, neuron-major [r, B], from the cache where it is still exact.
 
   addresses [r, n] neuron-major; x [B, n] the layer's inputs (zero rows for padding); idx [B] the
   examples' rows in the task; valid [B]; step the current step counter. Returns (a, the cache with
   the batch's rows and visits recorded, the fraction of the r x B entries computed this step).
-  The caller records the step's updated neurons with `mark_updated` after the update. `kernels`:
-  move the batch's rows with the CPU kernels (`cpu_kernels.cache_rows`, `cache_write`: one pass
+  The caller records the step's updated neurons with `mark_updated` after the update. `use_kernels`:
+  move the batch's rows with the CPU kernels (`kernels.cache_rows`, `cache_write`: one pass
   each where XLA:CPU makes a gather, a transpose and a scatter; the same bits), as the sparse
   step does when it uses its own (`sparse.SparseSGD.address_kernel`).
   """
@@ -128,7 +128,7 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step, *, kernels:
       rows = jnp.nonzero(stale, size=capacity, fill_value=neurons)[0]
       fresh = jax.nn.relu(addresses.at[rows].get(mode="fill", fill_value=0.0) @ x.T)  # [capacity, B]
       # [r, B], read in the gathered branches only (the dense one needs none).
-      cached_rows = cpu_kernels.cache_rows(cache.activations, idx) if kernels else cache.activations[idx].T
+      cached_rows = kernels.cache_rows(cache.activations, idx) if use_kernels else cache.activations[idx].T
       a = cached_rows.at[rows].set(fresh, mode="drop", unique_indices=True, indices_are_sorted=True)
       return a, jnp.float32(capacity / neurons)
 
@@ -139,8 +139,8 @@ def activations(cache: ForwardCache, addresses, x, idx, valid, step, *, kernels:
   a, computed = jax.lax.switch(tier, [*(gathered(c) for c in capacities), dense])
   a = jnp.where(valid[None, :], a, 0.0)  # a padded example (x = 0) has no activation
   write = jnp.where(valid, idx, cache.activations.shape[0])  # padding rows record nothing
-  if kernels:
-    rows = cpu_kernels.cache_write(cache.activations, a, write)
+  if use_kernels:
+    rows = kernels.cache_write(cache.activations, a, write)
   else:
     rows = cache.activations.at[write].set(a.T, mode="drop")
   cache = cache._replace(

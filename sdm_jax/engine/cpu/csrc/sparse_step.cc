@@ -734,7 +734,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmSparseUpdatePathIntegral, UpdatePathIntegralImp
                                   .Ret<ffi::Buffer<ffi::F32>>());  // row stats at the new addresses [..., 2, r]
 
 // -------------------------------------------------------------------------------------------------
-// SdmDenseUpdate: the DENSE SGD step's address update (sdm_jax/engine/fused_dense.py), fused.
+// SdmDenseUpdate: the DENSE SGD step's address update (sdm_jax/engine/cpu/fused_dense.py), fused.
 //   addresses X [..., n, r] f32, input-major (Flax's [in, out] kernel: a neuron's address is a
 //     COLUMN; aliased to the first result, updated in place)
 //   gradient G [..., n, r] f32 (dL/dX, the weight-gradient matmul's output, penalty included)
@@ -954,7 +954,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SdmDenseUpdate, DenseUpdateImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // new addresses
                                   .Ret<ffi::Buffer<ffi::F32>>());  // step size [...]
 
-// SdmCacheRows and SdmCacheWrite: the forward cache's row traffic (sdm_jax/engine/forward_cache.py).
+// SdmCacheRows and SdmCacheWrite: the forward cache's row traffic (sdm_jax/engine/cpu/forward_cache.py).
 //   rows [..., N, r] f32: each training example's cached activations, example-major
 //   index [..., B] s32: each batch column's row in `rows`; N or more (padding): none
 // CacheRows:  out [..., r, B], out[i, b] = rows[index[b], i], 0 where index[b] >= N: the batch's

@@ -46,7 +46,8 @@ import numpy as np
 import optax
 
 from sdm_jax.core import placement
-from sdm_jax.engine import forward_cache, fused_dense, models, optimizers, regularizers, sparse, train
+from sdm_jax.engine import models, optimizers, regularizers, train
+from sdm_jax.engine.cpu import forward_cache, fused_dense, sparse
 
 #: The forward caches' memory budget in bytes (2 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
 #: floats, is 507 MB per model, so three seeds' caches fit). When every model's cache fits, they are
