@@ -144,9 +144,9 @@ def jax_epoch_runner(mode: str, n: int, r: int, examples: int, batch: int):
     states = states.replace(epoch=jnp.full_like(states.epoch, _linear_epoch_for_k(r, 500)))
   x, y = map(jnp.asarray, _data(n, examples))
   sizes = jnp.asarray([examples], jnp.int32)
-  block = train.make_train_block(
-    spec=spec, tx=tx, batch_size=batch, epochs=1, seed_axis_data=False, sparse_sgd=_sparse_sgd(mode)
-  )
+  sgd = _sparse_sgd(mode)
+  step = train.DenseStep(spec, tx) if sgd is None else sparse.SparseStep(spec, sgd)
+  block = train.make_train_block(step=step, batch_size=batch, epochs=1, seed_axis_data=False)
   carry = {"states": states}
 
   def run_epoch() -> float:

@@ -8,7 +8,7 @@ For each width r and each Table 7 row trained by gradient descent (the FlyModel 
 pass, closed form), in this process: the row's config (experiments/configs/split_mnist.py, with
 its neurons set to r), its model, optimiser and regulariser, and the train step the engine picks
 (`schema.step_policy_of`: the sparse step, with its forward cache, where it is exact, else the
-dense one), run through `step_policy.run_block` as the driver does: the sparse block, redone
+dense one), run through `step_policy.sparse_or_dense_block` as the driver does: the sparse block, redone
 with the dense block if a step did not fit. "activations computed" is the share of the forward's
 activations the block computed (below 100%: the rest came from the forward cache). For a row with
 the GABA switch, "switch epoch" times the dense step from lambda = -1 (every unit fires, as for
@@ -122,7 +122,7 @@ def row_runner(config, main_job_state=None, *, cache_mib=None, switching=False, 
   if switching:
     states = states.replace(gaba_counts=jnp.zeros_like(states.gaba_counts))
   # A schedule that allows the sparse step at once (no active count above capacity is known).
-  carry = {"states": states, "schedule": step_policy.Schedule(active_last=None if switching else 0.0), "index": 0}
+  carry = {"states": states, "schedule": step_policy.SparseSchedule(active_last=None if switching else 0.0), "index": 0}
 
   def run_block():
     states, metrics, ran_sparse, schedule = policy.run_block(

@@ -68,7 +68,7 @@ except ImportError:
   matplotlib = plt = None
 
 from sdm_jax.engine import analysis, metrics
-from sdm_jax.runs import final_state
+from sdm_jax.runs import config_fields, final_state
 from experiments import cli, schema
 
 _WORKDIRS = flags.DEFINE_multi_string("workdir", None, "Run directory of experiments.split_mnist (repeatable).")
@@ -104,13 +104,6 @@ def _model_label(run: dict) -> str:
 
 def _value(value) -> str:
   return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _field(config: dict, field: str):
-  """A dotted field of a config dict ("optimizer.learning_rate")."""
-  for part in field.split("."):
-    config = config[part]
-  return config
 
 
 def _values_text(values: dict) -> list[str]:
@@ -565,7 +558,7 @@ def _value_cells(run: dict, swept: list[str]) -> str:
   cells = []
   for field in swept:
     try:
-      cells.append(_value(run["values"][field] if field in run["values"] else _field(run["config"], field)))
+      cells.append(_value(run["values"][field] if field in run["values"] else config_fields.get(run["config"], field)))
     except (KeyError, TypeError):
       cells.append("n/a")
   return "".join(f"| {c} " for c in cells)

@@ -27,10 +27,9 @@ import shlex
 import sys
 
 from absl import app, flags, logging
-import ml_collections
 from ml_collections import config_flags
 
-from sdm_jax.runs import workdir as workdir_lib
+from sdm_jax.runs import config_fields, workdir as workdir_lib
 
 # (experiments.driver, and with it JAX, is imported once the command line has been checked: a
 # refusal here takes a fraction of a second, however busy the machine.)
@@ -39,35 +38,8 @@ from sdm_jax.runs import workdir as workdir_lib
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]+)(?:=(.*))?$", re.S)
 
 
-def _field_names(config, prefix: str = "") -> list[str]:
-  """Every dotted field of a config, sections included."""
-  names = []
-  for name, value in config.items():
-    names.append(prefix + name)
-    if isinstance(value, (ml_collections.ConfigDict, dict)):
-      names += _field_names(value, prefix + name + ".")
-  return names
-
-
-_MISSING = object()
-
-
-def _get(config, field: str):
-  """The value of a dotted field, or _MISSING."""
-  node = config
-  for part in field.split("."):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
-      return _MISSING
-    node = node[part]
-  return node
-
-
-def _has_field(config, field: str) -> bool:
-  return _get(config, field) is not _MISSING
-
-
 def _is_section(config, field: str) -> bool:
-  return bool(field) and isinstance(_get(config, field), (ml_collections.ConfigDict, dict))
+  return bool(field) and config_fields.is_section(config_fields.get(config, field, None))
 
 
 def _overrides(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -86,9 +58,9 @@ def _overrides(argv: list[str]) -> list[tuple[str, str | None]]:
 def field_problem(field: str, config, prefix: str = "config.") -> str | None:
   """None if the dotted `field` is a field of `config`, else one line naming it with the closest valid
   names (the right name in the wrong section, a typo; or the section's fields)."""
-  if _has_field(config, field):
+  if config_fields.has(config, field):
     return None
-  names = _field_names(config)
+  names = list(config_fields.flatten(config, sections=True))
   leaf = field.rsplit(".", 1)[-1]
   leaves = {n: n.rsplit(".", 1)[-1] for n in names}
   close = [n for n in names if leaves[n] == leaf]  # the right name in the wrong section

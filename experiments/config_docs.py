@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdm_jax.runs import config_fields
+
 #: Every field of the base config (dotted), and what it means.
 FIELDS: dict[str, str] = {
   # ---- data and tasks
@@ -192,23 +194,12 @@ def allowed(field: str) -> tuple | None:
   return ("none", *values) if field == "regularizer.method" else values
 
 
-def flatten(config, prefix: str = "") -> dict[str, Any]:
-  """A config's leaves by dotted name (an empty section is left out)."""
-  out = {}
-  for name, value in config.items():
-    if hasattr(value, "items"):
-      out.update(flatten(value, prefix + name + "."))
-    else:
-      out[prefix + name] = value
-  return out
-
-
 def field_table() -> list[dict[str, Any]]:
   """One row per field, base config first, then the optional ones: field, type, default, allowed
   values and meaning, the default read from `split_mnist.base_config()`."""
   from experiments.configs import split_mnist
 
-  base = flatten(split_mnist.base_config())
+  base = config_fields.flatten(split_mnist.base_config())
   rows = []
   for field, meaning in FIELDS.items():
     value = base[field]

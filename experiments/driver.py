@@ -435,7 +435,7 @@ def _train(
       if block.task_end or progress.blocks_done % checkpoint_every == 0:
         with sigterm.deferred():  # a checkpoint is saved whole
           save(states)
-      switching = engine.policy.sgd is not None and spec.hidden.k_schedule == "gaba" and not progress.sparse.started
+      switching = block.sparse_pending and spec.hidden.k_schedule == "gaba"
       logging.info(_progress_line(block, progress, config, speed, switching))
       t0 = time.time()
     sigterm.ignore()  # the training is done: the run finishes, whatever signal comes now
@@ -666,13 +666,7 @@ def run_flymodel(
   )
   data = [getattr(tasks, name) for name in continual.TASK_ARRAYS]
   keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
-  if train.resolve_seed_loop("auto") == "map":  # CPU: one seed after another (see train.resolve_seed_loop)
-    if tasks.seed_axis:
-      over_seeds = lambda keys, *data: jax.lax.map(lambda args: run(*args), (keys, *data))
-    else:
-      over_seeds = lambda keys, *data: jax.lax.map(lambda key: run(key, *data), keys)
-  else:
-    over_seeds = jax.vmap(run, in_axes=(0,) + (0 if tasks.seed_axis else None,) * len(data))
+  over_seeds = train.over_seeds(run, seed_axis_data=tasks.seed_axis, num_data_args=len(data))  # the engine's seed loop
   acc = np.asarray(jax.jit(over_seeds)(keys, *data))
   progress = continual.Progress(acc, np.zeros_like(acc), blocks_done=tasks.num_tasks)
   results = _results(config, None, tasks, progress, time.time() - start, "finished", None, blocks_per_task=1)

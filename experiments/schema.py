@@ -19,7 +19,7 @@ import numpy as np
 
 from sdm_jax import data as data_lib
 from sdm_jax.core import sdm_layer
-from sdm_jax.runs import mesh as mesh_lib
+from sdm_jax.runs import config_fields, mesh as mesh_lib
 from sdm_jax.engine import continual, models, optimizers, regularizers, validation
 from sdm_jax.engine.cpu import step_policy
 from sdm_jax.data import embeddings
@@ -69,18 +69,9 @@ INT_FIELDS = (
 )
 
 
-def _leaves(config, prefix=""):
-  for name, value in config.items():
-    if isinstance(value, (ml_collections.ConfigDict, dict)):
-      yield from _leaves(value, prefix + name + ".")
-    else:
-      yield prefix + name, value
-
-
 def _validate_values(config: ml_collections.ConfigDict) -> None:
   """Types and ranges that hold for every field: finite numbers, integer counts, integer seeds."""
-  leaves = dict(_leaves(config))
-  for field, value in leaves.items():
+  for field, value in config_fields.flatten(config).items():
     if isinstance(value, float) and not math.isfinite(value):
       _fail(field, f"must be a finite number, got {value}")
     if field in INT_FIELDS and not validation.is_int(value):
@@ -204,8 +195,9 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
   data_shards = mesh.shape[mesh_lib.DATA] if mesh is not None else 1
   if config.batch_size % data_shards:
     _fail("mesh.data", f"{data_shards} does not divide batch_size {config.batch_size}")
-  if data_shards > 1 and r is not None and r.method == "si":
-    _fail("mesh.data", "SI's path integral is not data-parallel; use mesh.data = 1")
+  if data_shards > 1 and r is not None and r.method in regularizers.REGISTRY:
+    if not regularizers.REGISTRY[r.method].data_parallel:  # (SI: its path integral reads the whole batch)
+      _fail("mesh.data", f"regularizer {r.method!r} is not data-parallel; use mesh.data = 1")
   if config.get("pretrain_variant") and not config.get("pretrained"):
     _fail(
       "pretrained",
@@ -221,12 +213,10 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
 
 # The config fields a population may vary in one compiled program (they change no shape): the learning
 # rate, the hidden layer's k and GABA T, the regulariser's numbers (`train.POPULATION_FIELDS`).
-POPULATION_FIELDS = ("optimizer.learning_rate", "model.k", "model.gaba_switch_activations") + tuple(
-  f"regularizer.{name}" for name in regularizers.POPULATION_FIELDS
-)
 # Fields that make each model's step its own: such a population trains with the dense step (the sparse
 # step's kernels take one learning rate and one k per program).
-DENSE_POPULATION_FIELDS = POPULATION_FIELDS[:3]
+DENSE_POPULATION_FIELDS = ("optimizer.learning_rate", "model.k", "model.gaba_switch_activations")
+POPULATION_FIELDS = DENSE_POPULATION_FIELDS + tuple(f"regularizer.{name}" for name in regularizers.POPULATION_FIELDS)
 # `train.init_states`' names of the fields (`member_hyper`).
 HYPER_NAMES = {"model.gaba_switch_activations": "switch_activations"}
 

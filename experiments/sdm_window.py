@@ -36,6 +36,7 @@ import optax
 import sdm_jax
 from sdm_jax import data as data_lib
 from sdm_jax.core import centering, diagnostics
+from sdm_jax.engine import analysis
 from sdm_jax.runs import compilation_cache
 
 PARTS = ("window", "grid", "probe", "frozen")
@@ -115,20 +116,12 @@ def load(c: ml_collections.ConfigDict, name: str) -> dict:
   return data_lib.load_dataset(name, data_dir)
 
 
-def balanced_subset(labels: np.ndarray, per_class: int, seed: int, classes=None) -> np.ndarray:
-  """Sorted indices of `per_class` random examples of each class (of `classes`, default all)."""
-  rng = np.random.default_rng(seed)
-  classes = np.unique(labels) if classes is None else classes
-  picks = [rng.choice(np.flatnonzero(labels == k), per_class, replace=False) for k in classes]
-  return np.sort(np.concatenate(picks))
-
-
 def subsample(c: ml_collections.ConfigDict, ds: dict) -> dict:
   """Class-balanced train and test subsets (uint8 images [N, 28, 28], int32 labels)."""
   classes = int(ds["train_labels"].max()) + 1
   out = {}
   for split, size in (("train", c.max_train_examples), ("test", c.max_test_examples)):
-    index = balanced_subset(ds[f"{split}_labels"], size // classes, c.subsample_seed)
+    index = analysis.balanced_subset(ds[f"{split}_labels"], per_class=size // classes, seed=c.subsample_seed)
     out[f"{split}_x"] = ds[f"{split}_images"][index]
     out[f"{split}_y"] = ds[f"{split}_labels"][index].astype(np.int32)
   return out
@@ -470,8 +463,8 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
 
   start = time.perf_counter()
   ds = load(c, c.frozen_stream)
-  train_index = balanced_subset(ds["train_labels"], c.frozen_train_per_class, c.subsample_seed)
-  test_index = balanced_subset(ds["test_labels"], c.frozen_test_per_class, c.subsample_seed)
+  train_index = analysis.balanced_subset(ds["train_labels"], per_class=c.frozen_train_per_class, seed=c.subsample_seed)
+  test_index = analysis.balanced_subset(ds["test_labels"], per_class=c.frozen_test_per_class, seed=c.subsample_seed)
   x, y = ds["train_images"][train_index], ds["train_labels"][train_index].astype(np.int32)
   test_x, test_y = ds["test_images"][test_index], ds["test_labels"][test_index].astype(np.int32)
   first_task = np.isin(y, (0, 1))
@@ -487,7 +480,9 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
           trunk_x, trunk_y = x[first_task], y[first_task]
         else:  # another dataset, i.i.d.
           other = load(c, source)
-          index = balanced_subset(other["train_labels"], c.frozen_trunk_examples // 10, c.subsample_seed)
+          index = analysis.balanced_subset(
+            other["train_labels"], per_class=c.frozen_trunk_examples // 10, seed=c.subsample_seed
+          )
           trunk_x, trunk_y = other["train_images"][index], other["train_labels"][index].astype(np.int32)
         runner = Runner(c, HeadSpec("relu", "relu", c.k, c.switch_epochs), len(trunk_y))
         tasks = [(jnp.asarray(trunk_x), jnp.asarray(trunk_y))]

@@ -26,7 +26,7 @@ from absl import logging
 import numpy as np
 
 from sdm_jax.engine import metrics
-from sdm_jax.runs import checkpoint, metric_writers
+from sdm_jax.runs import checkpoint, config_fields, metric_writers
 from experiments import driver, schema
 
 ANALYSIS_EXTRA = "pip install -e '.[analysis]'"
@@ -127,25 +127,13 @@ def _cell(value) -> str:
   return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _get(config, field: str):
-  node = config
-  for part in field.split("."):
-    node = node[part]
-  return node
-
-
-def _same(a, b) -> bool:
-  numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-  return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0) if numbers else a == b
-
-
 def population_member(results: dict, config) -> dict:
   """A population run's results cut down to the members that ran `config`: those whose values of
   the population's fields (results.json's "population") equal the config's own values of those
   fields; laid out as a run of its own (per_seed, summary), with the whole program's wall time."""
   fields = list(results["population"][0]["values"])
-  values = {field: _get(config, field) for field in fields}
-  per_seed = [s for s in results["per_seed"] if all(_same(s.get(f), v) for f, v in values.items())]
+  values = {field: config_fields.get(config, field) for field in fields}
+  per_seed = [s for s in results["per_seed"] if all(config_fields.same(s.get(f), v) for f, v in values.items())]
   if not per_seed:
     raise ValueError(f"no member of the population ran {values}")
   finals = [s["final_accuracy"] for s in per_seed if "final_accuracy" in s]
@@ -183,7 +171,7 @@ def seed_curves(workdir: pathlib.Path, results: dict | None = None, values: dict
     return [s["curves"] for s in (results or {}).get("per_seed", []) if s.get("curves")]
   rows = metric_writers.read_rows(path)
   if values:
-    rows = [row for row in rows if all(_same(row.get(f), v) for f, v in values.items())]
+    rows = [row for row in rows if all(config_fields.same(row.get(f), v) for f, v in values.items())]
   seeds = list(dict.fromkeys(row["seed"] for row in rows))
   return [[row for row in rows if row["seed"] == seed] for seed in seeds]
 

@@ -30,6 +30,7 @@ import re
 import ml_collections
 
 from experiments import cli
+from sdm_jax.runs import config_fields
 
 # Fields an override may change while a row still counts as using the paper's settings: where it runs,
 # how often it is looked at, which seeds. How long it runs (the epochs per task, and GABA T and the
@@ -172,8 +173,8 @@ def parse_axis(text: str, config: ml_collections.ConfigDict, *, size: str = "") 
     problem = cli.field_problem(field, config)
     if problem:
       raise ValueError(f"{where}: {problem}")
-    current = cli._get(config, field)
-    if isinstance(current, (ml_collections.ConfigDict, dict)):
+    current = config_fields.get(config, field)
+    if config_fields.is_section(current):
       raise ValueError(f"{where}: config.{field} is a section; sweep one of its fields, e.g. config.{field}.NAME")
     try:
       parsed = tuple(_parse_value(piece, current, field) for piece in pieces)
@@ -184,16 +185,6 @@ def parse_axis(text: str, config: ml_collections.ConfigDict, *, size: str = "") 
   return field, parsed
 
 
-def _flatten(config, prefix: str = "") -> dict:
-  out = {}
-  for name, value in config.items():
-    if isinstance(value, (ml_collections.ConfigDict, dict)):
-      out.update(_flatten(value, prefix + name + "."))
-    else:
-      out[prefix + name] = value
-  return out
-
-
 def from_command_line(
   config_argument: str, loaded: ml_collections.ConfigDict, axes: list[str], name: str = ""
 ) -> ml_collections.ConfigDict:
@@ -201,7 +192,7 @@ def from_command_line(
   `loaded`) and the `--axis=FIELD=V1,V2` flags `axes`. The overrides apply to every run."""
   path, _, variant = config_argument.partition(":")
   fresh = cli.load_config_file(config_argument)
-  now, before = _flatten(loaded), _flatten(fresh)
+  now, before = config_fields.flatten(loaded), config_fields.flatten(fresh)
   overrides = tuple((field, value) for field, value in now.items() if before.get(field, object()) != value)
   if not axes:
     raise ValueError("--axis: give at least one, e.g. --axis=optimizer.learning_rate=0.02,0.05")
@@ -282,29 +273,25 @@ def why_not_paper(sweep, config: ml_collections.ConfigDict, chosen: dict) -> lis
     and f not in schedule_fields
     and not any(f == b or f.startswith(b + ".") for b in BOOKKEEPING_FIELDS)
   ]
+  get = config_fields.get
   differ = [
-    f"{field} {_show(cli._get(config, field))} (the config's own: {_show(cli._get(own, field))})"
+    f"{field} {_show(get(config, field))} (the config's own: {_show(get(own, field))})"
     for field in changed
-    if cli._has_field(own, field) and not _equal(cli._get(config, field), cli._get(own, field))
+    if config_fields.has(own, field) and not config_fields.same(get(config, field), get(own, field))
   ]
   k_schedule = (config.get("model") or {}).get("k_schedule")
   schedule = [
-    f"{field} {_show(cli._get(config, field))} (the paper's protocol: {_show(cli._get(protocol, field))})"
+    f"{field} {_show(get(config, field))} (the paper's protocol: {_show(get(protocol, field))})"
     for field, used_by in PROTOCOL_FIELDS
     if used_by in (None, k_schedule)
-    and cli._has_field(protocol, field)
-    and not _equal(cli._get(config, field), cli._get(protocol, field))
+    and config_fields.has(protocol, field)
+    and not config_fields.same(get(config, field), get(protocol, field))
   ]
   return differ + schedule[:1]  # (the first: the others scale with the epochs)
 
 
 def _show(value) -> str:
   return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _equal(a, b) -> bool:
-  numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-  return math.isclose(a, b, rel_tol=1e-9) if numbers else a == b
 
 
 @dataclasses.dataclass

@@ -371,3 +371,18 @@ def test_every_error_the_own_data_page_quotes_is_what_fit_raises():
     with pytest.raises(ValueError) as refused:
       exec(call, namespace)
     assert quoted in str(refused.value), call
+
+
+def test_the_own_data_pages_regulariser_of_your_own_runs_as_written():
+  """own_data.md's "A regulariser of your own": a method defined in a user's script, registered,
+  trains through `fit` (on the CPU backend's steps where they apply) and names itself in errors."""
+  page = (README.parent / "docs" / "guide" / "own_data.md").read_text()
+  code = re.search(r"## A regulariser of your own.*?```python\n(.*?)```", page, re.S).group(1)
+  namespace = {}
+  try:
+    exec(code, namespace)
+  finally:
+    regularizers.REGISTRY.pop("halfway", None)  # the page registers a method: leave the registry as it was
+  result = namespace["result"]
+  assert result.acc_matrix.shape == (1, 2, 2) and np.isfinite(result.final_accuracy)
+  assert "sparse" in result.results["training_step"] and "halfway" not in regularizers.METHODS

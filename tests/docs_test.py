@@ -16,6 +16,7 @@ import pytest
 
 from experiments import cli, config_docs
 from experiments.configs import pretrain, split_cifar, split_fashion_mnist, split_mnist
+from sdm_jax.runs import config_fields
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
@@ -115,7 +116,7 @@ def test_plain_docstrings_become_valid_rest():
 
 
 def test_config_docs_describe_exactly_the_base_config():
-  fields = set(config_docs.flatten(split_mnist.base_config()))
+  fields = set(config_fields.flatten(split_mnist.base_config()))
   assert set(config_docs.FIELDS) == fields, (
     f"no description: {sorted(fields - set(config_docs.FIELDS))}; "
     f"described but absent: {sorted(set(config_docs.FIELDS) - fields)}"
@@ -128,7 +129,7 @@ def test_every_continual_config_variant_is_described():
   described = set(config_docs.FIELDS) | set(config_docs.OPTIONAL)
   for module in (split_mnist, split_fashion_mnist, split_cifar, pretrain):
     for variant in getattr(module, "VARIANTS", None) or tuple(module.ROWS):
-      fields = set(config_docs.flatten(module.get_config(variant)))
+      fields = set(config_fields.flatten(module.get_config(variant)))
       assert fields <= described, f"{module.__name__}:{variant}: {sorted(fields - described)}"
 
 

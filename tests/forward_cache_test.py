@@ -106,10 +106,10 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   x, y, sizes = _mnist_tasks()
   spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=3, seed_axis_data=False, regularizer=regularizer)
+  kwargs = dict(batch_size=32, epochs=3, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.1, 1.0, kernel=kernel)
-  plain = train.make_train_block(**kwargs, sparse_sgd=sgd)
-  cached = train.make_train_block(**kwargs, sparse_sgd=sgd, cache_bytes=1 << 22)
+  plain = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
+  cached = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer, cache_bytes=1 << 22), **kwargs)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False) if regularizer else None
 
   def start():
@@ -166,7 +166,7 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
 
   def start():
     states = train.init_states(np.array([0, 1]), spec=spec, tx=policies[0].tx(), regularizer=regularizer, num_tasks=2)
-    return states.replace(gaba_counts=states.gaba_counts + 10.0), step_policy.Schedule(active_last=0.0)
+    return states.replace(gaba_counts=states.gaba_counts + 10.0), step_policy.SparseSchedule(active_last=0.0)
 
   def run(budget, states, schedule, plan, before=None):
     fractions = []
@@ -195,8 +195,9 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
 
   halfway, schedule, _ = run(ALL, *start(), plan[:4])
   progress = continual.Progress.start(1, 2)
-  progress.sparse = schedule
-  saved = continual.Progress.from_json(json.loads(json.dumps(progress.to_json()))).sparse  # what a checkpoint keeps
+  progress.backend = schedule.to_json()
+  saved = continual.Progress.from_json(json.loads(json.dumps(progress.to_json()))).backend  # what a checkpoint keeps
+  saved = step_policy.SparseSchedule.from_json(saved)
   assert saved.cache is None and saved._replace(cache=schedule.cache, cache_task=schedule.cache_task) == schedule
   resumed, _, _ = run(ALL, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
   chex.assert_trees_all_equal(resumed.params, full.params)

@@ -91,3 +91,20 @@ def test_the_package_exports_the_cores_names():
 
   assert sorted(sdm_jax.__all__) == sdm_jax.core.__all__
   assert all(getattr(sdm_jax, name) is getattr(sdm_jax.core, name) for name in sdm_jax.__all__)
+
+
+# Inside the engine: the step interface and the loop know no backend; the CPU backend
+# (sdm_jax/engine/cpu) implements the interface, and only the modules that choose a run's step
+# (`step_policy.choose`) import it.
+ENGINE_CHOOSERS = {"continual.py", "fit.py"}
+
+
+def test_the_step_interface_and_the_loop_know_no_backend():
+  engine = PACKAGE / "engine"
+  for path in sorted(engine.glob("*.py")):
+    imports_cpu = any(m.startswith("sdm_jax.engine.cpu") for m in _imports(path))
+    assert not imports_cpu or path.name in ENGINE_CHOOSERS, (
+      f"{path.relative_to(ROOT)} imports the CPU backend: only {sorted(ENGINE_CHOOSERS)} choose a step"
+    )
+  for name in ("steps.py", "train.py"):
+    assert not any(m.startswith("sdm_jax.engine.cpu") for m in _imports(engine / name))

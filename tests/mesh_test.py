@@ -159,7 +159,7 @@ def _engine_worker(workdir: str) -> dict:
   compiled_text = {}
   block_for = functools.lru_cache(
     lambda mesh, seed_loop: train.make_train_block(
-      spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, seed_loop=seed_loop, mesh=mesh
+      step=train.DenseStep(spec, tx), batch_size=32, epochs=2, seed_axis_data=False, seed_loop=seed_loop, mesh=mesh
     )
   )
   init8 = train.init_states(np.arange(8), spec=spec, tx=tx)

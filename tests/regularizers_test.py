@@ -5,6 +5,7 @@ import itertools
 
 import jax
 import jax.numpy as jnp
+import chex
 import numpy as np
 import pytest
 
@@ -201,7 +202,8 @@ def test_mas_matches_numpy_on_a_linear_model():
 def test_mas_accumulates_across_tasks_and_replaces_the_anchor():
   params, logits_fn = _mlp()
   x, y = _data(6, 9)
-  end_task = jax.jit(functools.partial(reg.consolidate, method="mas", logits_fn=logits_fn, batch_size=4))
+  importance = functools.partial(reg.mas_importance, logits_fn=logits_fn, batch_size=4)
+  end_task = jax.jit(lambda state, p, x, y, size, key: reg.end_task_mas(state, p, importance(p, x, y, size, key)))
   state = end_task(reg.init(params), params, x, y, 9, jax.random.key(0))
   params2 = jax.tree.map(lambda p: p + 0.1, params)
   state2 = end_task(state, params2, x, y, 9, jax.random.key(1))
@@ -331,7 +333,7 @@ def test_penalty_value_gradient_and_empty_slots():
 def test_l2_penalty_is_squared_distance_to_latest_task_end():
   params, _ = _mlp()
   lam = 10.0
-  end_task = jax.jit(functools.partial(reg.consolidate, method="l2"))
+  end_task = jax.jit(reg.end_task_l2)
   state = end_task(reg.init(params), jax.tree.map(lambda p: p - 1.0, params))
   latest = jax.tree.map(lambda p: 0.5 * p, params)
   state = end_task(state, latest)  # replaces the anchor, Ω stays 1
@@ -347,12 +349,11 @@ def test_l2_penalty_is_squared_distance_to_latest_task_end():
 def test_ewc_consolidate_fills_one_slot_per_task_with_one_compile():
   params, logits_fn = _mlp()
   x, y = _data(10, 12)
-  state = reg.init(params, num_slots=reg.num_slots_for("ewc", num_tasks=3))
-  end_task = jax.jit(
-    functools.partial(
-      reg.consolidate, method="ewc", logits_fn=logits_fn, beta=BETA, batch_size=4, num_batches=2, divisor=8.0
-    )
+  state = reg.init(params, num_slots=reg.num_slots_for(reg.RegularizerSpec("ewc", 1.0), num_tasks=3))
+  fisher = functools.partial(
+    reg.fisher_reference, logits_fn=logits_fn, beta=BETA, batch_size=4, num_batches=2, divisor=8.0
   )
+  end_task = jax.jit(lambda state, p, x, y, size, key: reg.end_task_ewc(state, p, fisher(p, x, y, size, key)))
   param_sets = [params, jax.tree.map(lambda p: p * 0.9, params)]
   for t, (p, size) in enumerate(zip(param_sets, (12, 7))):
     state = end_task(state, p, x, y, size, jax.random.key(t))
@@ -369,17 +370,9 @@ def test_ewc_consolidate_fills_one_slot_per_task_with_one_compile():
 def test_online_ewc_decays_the_previous_fisher():
   params, logits_fn = _mlp()
   x, y = _data(11, 8)
+  fisher = functools.partial(reg.fisher_exact, logits_fn=logits_fn, beta=BETA, labels="true")
   end_task = jax.jit(
-    functools.partial(
-      reg.consolidate,
-      method="ewc",
-      fisher="exact",
-      labels="true",
-      online=True,
-      decay=0.5,
-      logits_fn=logits_fn,
-      beta=BETA,
-    )
+    lambda state, p, x, y, size: reg.end_task_ewc(state, p, fisher(p, x, y, size), online=True, decay=0.5)
   )
   state = end_task(reg.init(params), params, x, y, 8)
   state = end_task(state, params, x, y, 8)
@@ -388,3 +381,87 @@ def test_online_ewc_decays_the_previous_fisher():
     jax.tree.map(lambda s: s[0], state.importance), jax.tree.map(lambda f: 1.5 * f, fisher), rtol=1e-5, atol=1e-9
   )
   assert int(state.consolidations) == 2 and state.num_slots == 1
+
+
+class _Halfway(reg.Method):
+  """A toy method, defined in this file alone: at a task's end every parameter is anchored where it
+  is, with importance 1/2 (an L2 at half weight). Nothing else in the library names it."""
+
+  name = "halfway"
+
+  def consolidate(self, spec, reg_state, params, x, y, size, key, *, logits_fn):
+    halves = jax.tree.map(lambda p: jnp.full(jnp.shape(p), 0.5, jnp.float32), params)
+    return reg.update_online_slot(reg_state, params, halves, decay=0.0)
+
+
+@pytest.fixture
+def halfway(monkeypatch):
+  monkeypatch.setitem(reg.REGISTRY, "halfway", _Halfway())
+  return reg.RegularizerSpec("halfway", strength=5.0)
+
+
+def test_the_built_in_methods_consolidate_as_their_parts(halfway):
+  """Each registered method's task boundary equals its estimator and slot update written out."""
+  params, logits_fn = _mlp()
+  x, y = _data(3, 20)
+  key = jax.random.key(4)
+  state = reg.init(params, num_slots=2)
+  fisher = reg.fisher_reference(params, x, y, 20, key, logits_fn=logits_fn, beta=BETA)
+  expected = {
+    "l2": reg.end_task_l2(state, params),
+    "ewc": reg.end_task_ewc(state, params, fisher),
+    "mas": reg.end_task_mas(state, params, reg.mas_importance(params, x, y, 20, key, logits_fn=logits_fn)),
+    "si": reg.end_task_si(state, params),
+    "halfway": reg.update_online_slot(state, params, jax.tree.map(lambda p: jnp.full(p.shape, 0.5), params), decay=0.0),
+  }
+  for name, want in expected.items():
+    spec = reg.RegularizerSpec(name, 1.0, beta=BETA)
+    got = reg.method_of(spec).consolidate(spec, state, params, x, y, 20, key, logits_fn=logits_fn)
+    _assert_tree_close(got, want, rtol=0)
+  assert reg.num_slots_for(reg.RegularizerSpec("ewc", 1.0), 5) == 4
+  assert reg.num_slots_for(reg.RegularizerSpec("ewc", 1.0, online=True), 5) == 1
+  assert [reg.method_of(reg.RegularizerSpec(n, 1.0)).has_step_hook for n in ("l2", "ewc", "mas", "si")] == [0, 0, 0, 1]
+  with pytest.raises(ValueError, match="unknown regularizer 'nope'.*'halfway'"):
+    reg.method_of(reg.RegularizerSpec("nope", 1.0))
+
+
+def test_a_method_defined_in_a_test_file_trains_on_the_dense_and_the_sparse_step(halfway):
+  """The toy method through the engine: its task boundary anchors the parameters, its penalty pulls
+  the next task's training towards them, and the sparse step (CPU backend) takes the same steps as
+  the dense one, without a line of the library naming it."""
+  from sdm_jax.engine import optimizers, train
+  from sdm_jax.engine.cpu import sparse
+
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.integers(0, 256, (2, 64, 48)), jnp.uint8)
+  y = jnp.asarray(rng.integers(0, 4, (2, 64)), jnp.int32)
+  sizes = jnp.asarray([64, 64], jnp.int32)
+  spec = models.sdmlp(48, 40, 4, k=4, switch_activations=1.0)
+  tx = optimizers.for_model(spec, "sgd", 0.1)
+  kwargs = dict(batch_size=16, epochs=2, seed_axis_data=False)
+
+  def start(regularizer):
+    states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=2)
+    states = states.replace(gaba_counts=states.gaba_counts + 10.0)  # past the GABA switch
+    states, _ = train.make_train_block(step=train.DenseStep(spec, tx, regularizer), **kwargs)(states, x, y, sizes, 0)
+    if regularizer is None:
+      return states
+    return train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)(states, x, y, sizes, 0)
+
+  anchored = start(halfway)
+  assert bool(anchored.reg.filled[0, 0])
+  chex.assert_trees_all_equal(jax.tree.map(lambda a: a[:, 0], anchored.reg.anchor), anchored.params)
+  dense = train.make_train_block(step=train.DenseStep(spec, tx, halfway), **kwargs)
+  fast = train.make_train_block(step=sparse.SparseStep(spec, sparse.SparseSGD(0.1, 1.0), halfway), **kwargs)
+  a, _ = dense(jax.tree.map(jnp.copy, anchored), x, y, sizes, 1)
+  b, b_metrics = fast(jax.tree.map(jnp.copy, anchored), x, y, sizes, 1)
+  assert float(np.min(b_metrics.sparse_fraction)) == 1.0  # every step was the exact sparse step
+  chex.assert_trees_all_close(a.params, b.params, atol=2e-6)
+  free, _ = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)(start(None), x, y, sizes, 1)
+
+  def moved(states):  # distance of the next task's parameters from the anchor
+    return sum(
+      float(jnp.sum((p - q) ** 2)) for p, q in zip(jax.tree.leaves(states.params), jax.tree.leaves(anchored.params))
+    )
+
+  assert moved(a) < moved(free)

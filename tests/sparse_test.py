@@ -60,16 +60,18 @@ def test_run_block_is_exact_through_the_gaba_switch(max_touched, kernel):
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 60, 10, k=4, switch_activations=1000.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=1, seed_axis_data=False)
-  dense = train.make_train_block(**kwargs)
+  kwargs = dict(batch_size=32, epochs=1, seed_axis_data=False)
+  dense = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)
   sgd = sparse.SparseSGD(0.1, 1.0, max_active=12, max_touched=max_touched, kernel=kernel)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sgd)
+  fast = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)
   a = train.init_states(np.array([0]), spec=spec, tx=tx)
   b = train.init_states(np.array([0]), spec=spec, tx=tx)
   ran = []
   for _ in range(6):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(0))
-    b, b_metrics, ran_sparse = step_policy.run_block(b, x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast)
+    b, b_metrics, ran_sparse = step_policy.sparse_or_dense_block(
+      b, x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
+    )
     ran.append(ran_sparse)
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
@@ -104,11 +106,10 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
   tx = optimizers.make_optimizer(
     "sgd", lr, clip_norm=clip_norm, projection=functools.partial(models.project_params, spec=spec)
   )
-  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
-  dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(
-    **kwargs, sparse_sgd=sparse.SparseSGD(lr, clip_norm, max_touched=max_touched, kernel=kernel)
-  )
+  kwargs = dict(batch_size=64, epochs=2, seed_axis_data=False, seed_loop=seed_loop)
+  dense = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)
+  sgd = sparse.SparseSGD(lr, clip_norm, max_touched=max_touched, kernel=kernel)
+  fast = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)
   a, b = _switched_states(spec, tx, [0, 1]), _switched_states(spec, tx, [0, 1])
   for task in range(2):
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
@@ -184,13 +185,14 @@ def test_automatic_address_path_and_touched_overflow():
   x, y, sizes = _mnist_task()
   spec = models.sdmlp(784, 40, 10, k=5, switch_activations=500.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False)
-  dense = train.make_train_block(**kwargs)
-  fast = train.make_train_block(**kwargs, sparse_sgd=sparse.SparseSGD(0.1, 1.0, max_touched=3, kernel="xla"))
+  kwargs = dict(batch_size=64, epochs=1, seed_axis_data=False)
+  dense = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)
+  sgd = sparse.SparseSGD(0.1, 1.0, max_touched=3, kernel="xla")
+  fast = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)
   a, metrics = fast(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
   assert float(metrics.sparse_fraction[0, -1]) == 0.0  # every batch of 64 touches more than 3 neurons
   a, _ = dense(_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
-  b, _, ran_sparse = step_policy.run_block(
+  b, _, ran_sparse = step_policy.sparse_or_dense_block(
     _switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0), dense_block=dense, sparse_block=fast
   )
   assert not ran_sparse
@@ -209,16 +211,18 @@ def test_automatic_address_path_and_touched_overflow():
 )
 def test_ineligible_models_are_refused(spec, optimizer, reason):
   assert reason in sparse.ineligibility(spec, optimizer=optimizer)
-  if optimizer == "sgd":
+  if optimizer == "sgd":  # refused when the block is traced, before anything runs; and by the policy
+    tx = optimizers.for_model(spec, "sgd", 0.1)
+    states = train.init_states(np.array([0]), spec=spec, tx=tx)
+    x, y, sizes = jnp.zeros((1, 16, 784), jnp.uint8), jnp.zeros((1, 16), jnp.int32), jnp.asarray([16])
+    block = train.make_train_block(
+      step=sparse.SparseStep(spec, sparse.SparseSGD(0.1)), batch_size=8, epochs=1, seed_axis_data=False
+    )
     with pytest.raises(ValueError, match="not exact"):
-      train.make_train_block(
-        spec=spec,
-        tx=optimizers.make_optimizer("sgd", 0.1),
-        batch_size=8,
-        epochs=1,
-        seed_axis_data=False,
-        sparse_sgd=sparse.SparseSGD(0.1),
-      )
+      block(states, x, y, sizes, jnp.int32(0))
+    policy = step_policy.StepPolicy(spec, step_policy.OptimizerSettings(), sparse.SparseSGD(0.1), reason=None)
+    with pytest.raises(ValueError, match="not exact"):
+      policy.blocks(batch_size=8, epochs=1, seed_axis_data=False)
 
 
 def _partly_switched_states(spec, tx, seeds, regularizer=None):
@@ -239,10 +243,12 @@ def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, ma
   x, y, sizes = _mnist_task(per_task=300)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)  # lambdas barely move in 2 epochs
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
+  kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, max_touched=max_touched, kernel=kernel)
-  a, a_metrics = train.make_train_block(**kwargs)(_partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0))
-  b, b_metrics = train.make_train_block(**kwargs, sparse_sgd=sgd)(
+  a, a_metrics = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)(
+    _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
+  )
+  b, b_metrics = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)(
     _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
   )
   np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
@@ -281,7 +287,7 @@ def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch, on_cpu):
   }[regularizer]
   sgd = sparse.SparseSGD(0.2, 1.0, max_active=12 * spec.hidden.k, kernel="ffi")
   block = train.make_train_block(
-    spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, sparse_sgd=sgd, regularizer=reg
+    step=sparse.SparseStep(spec, sgd, regularizer=reg), batch_size=32, epochs=2, seed_axis_data=False
   )
   states = _partly_switched_states(spec, tx, [0], regularizer=reg)
   if switched == "fully":
@@ -334,9 +340,10 @@ def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer,
   x, y, sizes = _mnist_task(per_task=400)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer)
+  kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, kernel=kernel)
-  dense, fast = train.make_train_block(**kwargs), train.make_train_block(**kwargs, sparse_sgd=sgd)
+  dense = train.make_train_block(step=train.DenseStep(spec, tx, regularizer), **kwargs)
+  fast = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
   a = _partly_switched_states(spec, tx, [0, 1], regularizer)
   b = _partly_switched_states(spec, tx, [0, 1], regularizer)

@@ -9,7 +9,7 @@ import pytest
 
 from sdm_jax.engine import models, regularizers, train
 
-from sdm_jax.engine.cpu import forward_cache, sparse, step_policy
+from sdm_jax.engine.cpu import sparse, step_policy
 
 # Every test here runs on this machine's platform and under conftest's accelerator stand-in: the
 # policy is the platform's (the sparse step on CPU, the dense step with the platform as its reason
@@ -88,7 +88,7 @@ def test_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
 
   policy = step_policy.choose(models.sdmlp(784, 100, 10, k=5))
   states = {"w": jnp.zeros(2)}
-  schedule = step_policy.Schedule()
+  schedule = step_policy.SparseSchedule()
   steps = [  # (active units last block, block index, sparse block exact, which block runs, retry_at, started)
     (None, 3, True, "dense", 0, False),
     (50.0, 3, True, "dense", 0, False),
@@ -127,8 +127,6 @@ def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit
       states = states.replace(gaba_counts=states.gaba_counts + 2e9)
     a, a_metrics = pick(blocks)(jax.tree.map(jnp.copy, states), x, y, sizes, jnp.int32(0))
     b, b_metrics = pick(blocks.unpenalized)(states, x, y, sizes, jnp.int32(0))
-    if isinstance(a, forward_cache.Carried):  # the sparse block hands its cache to the next block
-      (a, _), (b, _) = a, b
     chex.assert_trees_all_equal(a.params, b.params)
     chex.assert_trees_all_equal(a_metrics, b_metrics)
   assert not step_policy._any_slot_filled(start())
@@ -151,7 +149,7 @@ def test_the_forward_cache_is_dropped_where_it_does_not_pay_and_tried_again_late
     return run
 
   policy = step_policy.choose(models.sdmlp(784, 100, 10, k=5))
-  schedule = step_policy.Schedule(active_last=1.0)
+  schedule = step_policy.SparseSchedule(active_last=1.0)
   retry = step_policy.CACHE_RETRY_BLOCKS
   for index, computed, task, expect, uncached_task in [
     (0, 0.25, 0, "cached", -1),  # pays

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sdm_jax import data
-from sdm_jax.engine import models, optimizers, regularizers, train
+from sdm_jax.engine import models, optimizers, regularizers, steps, train
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +48,7 @@ def test_one_compile_across_tasks_epochs_and_k_annealing():
   spec = models.sdmlp(784, 64, 10, k=4, k_schedule="linear", k_transition_epochs=3)
   tx = _setup(spec)
   states = train.init_states(np.arange(2), spec=spec, tx=tx)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=2, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=128, epochs=2, seed_axis_data=False)
   ks = []
   for task in range(5):
     states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
@@ -63,7 +63,7 @@ def test_vmapped_seeds_equal_single_seed_runs():
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=2, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=64, epochs=2, seed_axis_data=False)
   seeds = np.array([0, 1, 2])
   stacked = train.init_states(seeds, spec=spec, tx=tx)
   for task in range(2):
@@ -101,7 +101,7 @@ def test_gaba_counters_count_firing_examples_and_switch_within_the_task():
   # Within a few epochs every neuron has passed the midpoint (lambda >= 0) and firing has
   # dropped from all neurons to about k per example (the last approach to lambda = 1 is slow,
   # since inhibited neurons fire less).
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=4, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=128, epochs=4, seed_axis_data=False)
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
   states, metrics = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0))
   assert float(states.gaba_counts.min()) >= spec.hidden.switch_activations / 2
@@ -115,7 +115,7 @@ def test_projection_invariants_hold_after_training():
   spec = models.sdmlp(784, 64, 10, k=5, switch_activations=3000.0)
   tx = _setup(spec, lr=0.2)
   states = train.init_states(np.array([0, 1]), spec=spec, tx=tx)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=32, epochs=2, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=32, epochs=2, seed_axis_data=False)
   for task in range(3):
     states, _ = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
   assert int(states.step[0]) > 100
@@ -137,7 +137,7 @@ def test_padding_rows_are_ignored():
   garbage_x = x.at[0, n:].set(255)
   garbage_y = y.at[0, n:].set(9)
   state = train.init_states(np.array([0]), spec=spec, tx=tx)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=50, epochs=1, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=50, epochs=1, seed_axis_data=False)
   a_state, a_metrics = block(jax.tree.map(jnp.copy, state), x, y, jnp.array([n]), jnp.int32(0))
   b_state, b_metrics = block(jax.tree.map(jnp.copy, state), garbage_x, garbage_y, jnp.array([n]), jnp.int32(0))
   chex.assert_trees_all_close(a_state.params, b_state.params, atol=0)
@@ -152,7 +152,7 @@ def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
   spec = models.relu_mlp(784, 100, 10)
   tx = _setup(spec, lr=0.05)
   states = train.init_states(np.array([0]), spec=spec, tx=tx)
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False)
+  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=64, epochs=3, seed_axis_data=False)
   evaluate = train.make_evaluate(spec=spec, seed_axis_data=False)
   states, _ = block(states, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0))
   counts = evaluate(states, tasks["test_x"], tasks["test_y"], tasks["test_sizes"], tasks["task_classes"])
@@ -173,9 +173,15 @@ def test_seed_loops_agree(seed_loop):
   spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
   reference = train.make_train_block(
-    spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False, seed_loop="map" if seed_loop == "vmap" else "vmap"
+    step=train.DenseStep(spec, tx),
+    batch_size=64,
+    epochs=1,
+    seed_axis_data=False,
+    seed_loop="map" if seed_loop == "vmap" else "vmap",
   )
-  block = train.make_train_block(spec=spec, tx=tx, batch_size=64, epochs=1, seed_axis_data=False, seed_loop=seed_loop)
+  block = train.make_train_block(
+    step=train.DenseStep(spec, tx), batch_size=64, epochs=1, seed_axis_data=False, seed_loop=seed_loop
+  )
   a, _ = reference(
     train.init_states(np.array([4, 5]), spec=spec, tx=tx),
     tasks["train_x"],
@@ -217,7 +223,7 @@ def test_regularizers_keep_the_first_task_on_real_mnist(method, strength, option
   def first_task_accuracy_after_two(regularizer):
     states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=5)
     block = train.make_train_block(
-      spec=spec, tx=tx, batch_size=64, epochs=3, seed_axis_data=False, regularizer=regularizer
+      step=train.DenseStep(spec, tx, regularizer), batch_size=64, epochs=3, seed_axis_data=False
     )
     states, _ = block(states, *data, jnp.int32(0))
     if regularizer is not None:
@@ -261,9 +267,9 @@ def test_output_mean_is_the_mean_activation_of_the_units_that_fired():
   tx = _setup(spec, lr=0.0)
   state = jax.tree.map(lambda a: a[0], train.init_states(np.array([0]), spec=spec, tx=tx))
   size = int(tasks["train_sizes"][1])
-  _, metrics, _ = jax.jit(functools.partial(train.train_epoch, spec=spec, tx=tx, batch_size=64))(
-    state, tasks["train_x"][1], tasks["train_y"][1], tasks["train_sizes"][1]
-  )
+  epoch = functools.partial(train.train_epoch, step=train.DenseStep(spec, tx), batch_size=64)
+  rows = steps.TaskRows(tasks["train_x"][1], tasks["train_y"][1], tasks["train_sizes"][1])
+  _, metrics = jax.jit(epoch)(state, rows)
   _, hidden = models.forward(state.params, train.to_float_input(tasks["train_x"][1, :size]), spec=spec, k=spec.hidden.k)
   hidden = np.asarray(hidden, np.float64)
   np.testing.assert_allclose(float(metrics.output_mean), hidden[hidden > 0].mean(), rtol=1e-5)

@@ -150,7 +150,7 @@ def write_config_reference(path: pathlib.Path) -> None:
   ]
   for variant, row in split_mnist.ROWS.items():
     reg = row.get("regularizer")
-    reg_text = f"{reg[0]} (λ {reg[1]:g}, β {reg[2]:g})" if reg else ""
+    reg_text = f"{reg['method']} (λ {reg['strength']:g}, β {reg['beta']:g})" if reg else ""
     if row.get("oracle"):
       reg_text = "oracle: all classes as one task"
     paper = split_mnist.PAPER_FINAL_ACCURACY.get(variant)
@@ -182,8 +182,9 @@ def check(app: Sphinx) -> None:
     logger.warning(f"undocumented: {name}", type="sdm_docs", subtype="docstring")
   from experiments import config_docs
   from experiments.configs import split_mnist
+  from sdm_jax.runs import config_fields
 
-  fields = set(config_docs.flatten(split_mnist.base_config()))
+  fields = set(config_fields.flatten(split_mnist.base_config()))
   for field in sorted(fields - set(config_docs.FIELDS)):
     logger.warning(f"config field without a description in experiments/config_docs.py: {field}")
   for field in sorted(set(config_docs.FIELDS) - fields):

@@ -72,7 +72,12 @@ from experiments.configs import pretrain, split_mnist
 
 _E, _P = "embeddings", "pixels"
 _SGD, _SGDM = ("sgd", 0.05), ("sgdm", 0.03)
-EWC, MAS, L2, SI = ("ewc", 100.0, 0.08), ("mas", 10.0, 1.0), ("l2", 30.0, 1.0), ("si", 1350.0, 0.02)
+EWC, MAS, L2, SI = (
+  dict(method="ewc", strength=100.0, beta=0.08),
+  dict(method="mas", strength=10.0, beta=1.0),
+  dict(method="l2", strength=30.0, beta=1.0),
+  dict(method="si", strength=1350.0, beta=0.02),
+)
 
 
 def _row(
@@ -320,11 +325,7 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
   config.optimizer.name, config.optimizer.learning_rate = row["optimizer"]
   if m.kind == "flymodel":
     config.optimizer.name, config.optimizer.learning_rate = "sgd", row["fly_lr"]  # the readout's learning rate
-  config.regularizer.method, config.regularizer.strength, config.regularizer.beta = row["regularizer"] or (
-    "none",
-    0.0,
-    1.0,
-  )
+  config.regularizer.update(row["regularizer"] or dict(method="none", strength=0.0, beta=1.0))
   config.paper_final_accuracy = PAPER_FINAL_ACCURACY.get(variant, -1.0)
 
   reference_epochs = ORACLE_EPOCHS if row["oracle"] else EPOCHS_PER_TASK[classes]

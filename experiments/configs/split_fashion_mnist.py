@@ -46,7 +46,10 @@ from experiments.configs import split_mnist
 ROWS = tuple(name for name in split_mnist.ROWS if name.partition("_")[0] not in ("si", "l2"))
 # Tuned on Split FashionMNIST's own validation split (experiments/results/split_mnist_tuned_10ep/,
 # fashion_ewc and fashion_mas): (method, lambda, beta).
-TUNED = {"ewc_tuned": ("ewc", 100.0, 0.08), "mas_tuned": ("mas", 100.0, 1.0)}
+TUNED = {
+  "ewc_tuned": dict(method="ewc", strength=100.0, beta=0.08),
+  "mas_tuned": dict(method="mas", strength=100.0, beta=1.0),
+}
 PAPER_FINAL_ACCURACY = {
   "sdmlp_k1": 0.73,
   "sdmlp": 0.53,
@@ -78,7 +81,7 @@ def get_config(arg: str = "sdmlp_k1") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown variant {variant!r}; choose one of {ROWS}")
   config = split_mnist.get_config(arg)
   if variant in TUNED:
-    config.regularizer.method, config.regularizer.strength, config.regularizer.beta = TUNED[variant]
+    config.regularizer.update(TUNED[variant])
   config.dataset = "fashion_mnist"
   config.paper_final_accuracy = PAPER_FINAL_ACCURACY.get(variant, -1.0)
   if config.model.kind == "flymodel":

@@ -85,21 +85,26 @@ ROWS = {
   "sdmlp_10k": dict(kind="sdmlp", neurons=10_000, k=10),
   "flymodel": dict(kind="flymodel", neurons=1_000, k=64, lr=0.005),
   "flymodel_10k": dict(kind="flymodel", neurons=10_000, k=32, lr=0.01),
-  "ewc": dict(kind="relu", neurons=1_000, regularizer=("ewc", 200.0, 0.005)),
-  "ewc_tuned": dict(kind="relu", neurons=1_000, regularizer=("ewc", 1000.0, 0.08), tuned=True),
-  "ewc_10k": dict(kind="relu", neurons=10_000, regularizer=("ewc", 200.0, 0.005)),
-  "mas": dict(kind="relu", neurons=1_000, regularizer=("mas", 0.5, 1.0)),
-  "mas_tuned": dict(kind="relu", neurons=1_000, regularizer=("mas", 100.0, 1.0), tuned=True),
-  "mas_10k": dict(kind="relu", neurons=10_000, regularizer=("mas", 0.5, 1.0)),
-  "si": dict(kind="relu", neurons=1_000, regularizer=("si", 1500.0, 0.005)),
-  "si_tuned": dict(kind="relu", neurons=1_000, regularizer=("si", 1000.0, 0.15), tuned=True),
-  "si_textbook_tuned": dict(kind="relu", neurons=1_000, regularizer=("si", 3000.0, 0.005), textbook=True, tuned=True),
-  "l2": dict(kind="relu", neurons=1_000, regularizer=("l2", 10.0, 1.0)),
-  "l2_tuned": dict(kind="relu", neurons=1_000, regularizer=("l2", 1.0, 1.0), tuned=True),
+  "ewc": dict(kind="relu", neurons=1_000, regularizer=dict(method="ewc", strength=200.0, beta=0.005)),
+  "ewc_tuned": dict(kind="relu", neurons=1_000, regularizer=dict(method="ewc", strength=1000.0, beta=0.08), tuned=True),
+  "ewc_10k": dict(kind="relu", neurons=10_000, regularizer=dict(method="ewc", strength=200.0, beta=0.005)),
+  "mas": dict(kind="relu", neurons=1_000, regularizer=dict(method="mas", strength=0.5, beta=1.0)),
+  "mas_tuned": dict(kind="relu", neurons=1_000, regularizer=dict(method="mas", strength=100.0, beta=1.0), tuned=True),
+  "mas_10k": dict(kind="relu", neurons=10_000, regularizer=dict(method="mas", strength=0.5, beta=1.0)),
+  "si": dict(kind="relu", neurons=1_000, regularizer=dict(method="si", strength=1500.0, beta=0.005)),
+  "si_tuned": dict(kind="relu", neurons=1_000, regularizer=dict(method="si", strength=1000.0, beta=0.15), tuned=True),
+  "si_textbook_tuned": dict(
+    kind="relu",
+    neurons=1_000,
+    regularizer=dict(method="si", strength=3000.0, beta=0.005, si_variant="textbook"),
+    tuned=True,
+  ),
+  "l2": dict(kind="relu", neurons=1_000, regularizer=dict(method="l2", strength=10.0, beta=1.0)),
+  "l2_tuned": dict(kind="relu", neurons=1_000, regularizer=dict(method="l2", strength=1.0, beta=1.0), tuned=True),
   "topk": dict(kind="topk", neurons=1_000, k=10),
   "relu": dict(kind="relu", neurons=1_000),
-  "sdmlp_ewc": dict(kind="sdmlp", neurons=1_000, k=10, regularizer=("ewc", 200.0, 0.005)),
-  "sdmlp_ewc_10k": dict(kind="sdmlp", neurons=10_000, k=10, regularizer=("ewc", 200.0, 0.005)),
+  "sdmlp_ewc": dict(kind="sdmlp", neurons=1_000, k=10, regularizer=dict(method="ewc", strength=200.0, beta=0.005)),
+  "sdmlp_ewc_10k": dict(kind="sdmlp", neurons=10_000, k=10, regularizer=dict(method="ewc", strength=200.0, beta=0.005)),
   "oracle": dict(kind="relu", neurons=1_000, oracle=True),
   "oracle_10k": dict(kind="relu", neurons=10_000, oracle=True),
 }
@@ -260,9 +265,7 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
     m.n_response = row["k"]
     config.optimizer.learning_rate = row["lr"]  # the readout's (one pass, no backpropagation)
   if "regularizer" in row:
-    config.regularizer.method, config.regularizer.strength, config.regularizer.beta = row["regularizer"]
-  if row.get("textbook"):
-    config.regularizer.si_variant = "textbook"
+    config.regularizer.update(row["regularizer"])  # the row's settings, by field name
   if row.get("tuned"):
     config.tuned_on = TUNED_ON
   config.paper_final_accuracy = PAPER_FINAL_ACCURACY.get(variant, -1.0)

@@ -178,7 +178,7 @@ def lazy_sgdm(
   nesterov: bool = False,
   activity_fn: ActivityFn = elementwise_activity,
 ) -> optax.GradientTransformation:
-  """Lazy SGD with momentum, torch convention (buffer = μ buffer + g) as `optim.base_optimizer`."""
+  """Lazy SGD with momentum, torch convention (buffer = μ buffer + g) as `optimizers.base_optimizer`."""
   return lazy(optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov), activity_fn=activity_fn)
 
 
@@ -189,7 +189,7 @@ def lazy_rmsprop(
   *,
   activity_fn: ActivityFn = elementwise_activity,
 ) -> optax.GradientTransformation:
-  """Lazy RMSProp, torch defaults (α 0.99, eps outside the root), as `optim.base_optimizer`."""
+  """Lazy RMSProp, torch defaults (α 0.99, eps outside the root), as `optimizers.base_optimizer`."""
   return lazy(optax.rmsprop(learning_rate, decay=decay, eps=eps, eps_in_sqrt=False), activity_fn=activity_fn)
 
 

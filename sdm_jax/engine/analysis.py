@@ -62,7 +62,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from sdm_jax.runs import metric_writers
+from sdm_jax.runs import config_fields, metric_writers
 
 # The authors' constants (docs/reference_code.md#analysis, #dead-neurons):
 COUNT_THRESHOLD = 0.0  #: counts and the alive fraction: activation != 0 (`InvestigateContLearningObj`)
@@ -293,31 +293,36 @@ def receptive_fields(kernel, activations, num: int, image_shape: Sequence[int]) 
 # Examples and activations.
 
 
-def balanced_subset(labels, max_examples: int, seed: int = 0) -> np.ndarray:
-  """Sorted indices of at most `max_examples` examples, spread evenly across classes.
+def balanced_subset(
+  labels, max_examples: int | None = None, seed: int = 0, *, per_class: int | None = None
+) -> np.ndarray:
+  """Sorted indices of a random subset of the examples, spread evenly across classes.
 
-  Each class gets floor(max_examples / num_classes) examples (fewer if it has
-  fewer); the remainder goes, one each, to classes that still have examples.
-  The choice within a class is random but fixed by `seed`.
+  Give one of `per_class` and `max_examples`. `per_class`: that many examples of every class
+  (ValueError if a class has fewer). `max_examples`: at most that many in all (every example when
+  there are no more): each class gets floor(max_examples / num_classes) examples (fewer if it has
+  fewer), and the remainder goes, one each, to classes that still have examples. The choice within
+  a class is random but fixed by `seed`.
   """
+  if (per_class is None) == (max_examples is None):
+    raise TypeError("balanced_subset: give one of max_examples and per_class")
   labels = np.asarray(labels)
-  if max_examples >= labels.size:
+  if per_class is None and max_examples >= labels.size:
     return np.arange(labels.size)
-  rng = np.random.default_rng(seed)
   classes = np.unique(labels)
-  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
-  quota = {c: min(len(pools[c]), max_examples // len(classes)) for c in classes}
-  left = max_examples - sum(quota.values())
-  while left > 0:
-    grew = False
-    for c in classes:
-      if left and quota[c] < len(pools[c]):
-        quota[c] += 1
-        left -= 1
-        grew = True
-    if not grew:
-      break
-  return np.sort(np.concatenate([pools[c][: quota[c]] for c in classes]))
+  pools = [np.flatnonzero(labels == c) for c in classes]
+  if per_class is not None:
+    quota = [per_class] * len(classes)
+  else:
+    quota = [min(len(pool), max_examples // len(classes)) for pool in pools]
+    left = max_examples - sum(quota)
+    while left > 0 and any(q < len(pool) for q, pool in zip(quota, pools)):
+      for i, pool in enumerate(pools):
+        if left and quota[i] < len(pool):
+          quota[i] += 1
+          left -= 1
+  rng = np.random.default_rng(seed)
+  return np.sort(np.concatenate([rng.choice(pool, q, replace=False) for pool, q in zip(pools, quota)]))
 
 
 def seed_params(params: Mapping, index: int) -> dict:
@@ -693,16 +698,6 @@ def _population_fields(population: Mapping, prefix: str = "") -> list[str]:
   return fields
 
 
-def _config_value(config: Mapping, field: str):
-  for part in field.split("."):
-    config = config[part]
-  return config
-
-
-def _own_value(value, own) -> bool:
-  return math.isclose(value, own, rel_tol=1e-9) if isinstance(own, (int, float)) else value == own
-
-
 def population_runs(run: Mapping[str, Any]) -> list[dict[str, Any]]:
   """`load_run`'s run as one run per combination of its population's values (an ordinary run: itself).
 
@@ -727,15 +722,15 @@ def population_runs(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     members = groups.setdefault(tuple(entry[f] for f in fields), [])
     if entry["member"] not in members:
       members.append(int(entry["member"]))
-  own = {f: _config_value(run["config"], f) for f in fields}
+  own = {f: config_fields.get(run["config"], f) for f in fields}
   combinations = []
   for key, members in groups.items():
     values = dict(zip(fields, key))
     config = json.loads(json.dumps(run["config"]))
     for field, value in values.items():
       *parents, leaf = field.split(".")
-      _config_value(config, ".".join(parents))[leaf] = value
-      _config_value(config["population"], ".".join(parents))[leaf] = []
+      config_fields.get(config, ".".join(parents))[leaf] = value
+      config_fields.get(config["population"], ".".join(parents))[leaf] = []
     results = None
     if run["results"]:
       per_seed = [e for e in run["results"]["per_seed"] if e["member"] in members]
@@ -749,7 +744,7 @@ def population_runs(run: Mapping[str, Any]) -> list[dict[str, Any]]:
         values=values,
         members=members,
         own_values=own,
-        paper=all(_own_value(v, own[f]) for f, v in values.items()),
+        paper=all(config_fields.same(v, own[f]) for f, v in values.items()),
       )
     )
   return combinations

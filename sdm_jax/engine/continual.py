@@ -268,7 +268,9 @@ class Progress:
   acc_task_il: np.ndarray
   blocks_done: int = 0
   dead_fraction: np.ndarray | None = None
-  sparse: step_policy.Schedule = step_policy.Schedule()
+  #: What the training step's backend saves to continue exactly (JSON; opaque here: the CPU
+  #: backend's `step_policy.SparseSchedule.to_json`); {} for a fresh run.
+  backend: dict = dataclasses.field(default_factory=dict)
   warnings: list = dataclasses.field(default_factory=list)
 
   @classmethod
@@ -281,11 +283,7 @@ class Progress:
       acc=self.acc.tolist(),
       acc_task_il=self.acc_task_il.tolist(),
       dead_fraction=None if self.dead_fraction is None else self.dead_fraction.tolist(),
-      sparse_started=self.sparse.started,
-      active_last=self.sparse.active_last,
-      sparse_retry_at=self.sparse.retry_at,
-      sparse_uncached_task=self.sparse.uncached_task,
-      sparse_cache_retry_at=self.sparse.cache_retry_at,
+      backend=self.backend,
       warnings=self.warnings,
     )
 
@@ -300,18 +298,26 @@ class Progress:
       np.asarray(saved["acc_task_il"], float),
       saved["blocks_done"],
       None if dead is None else np.asarray(dead, float),
-      step_policy.Schedule(
-        saved["sparse_started"],
-        saved["active_last"],
-        saved["sparse_retry_at"],
-        saved.get("sparse_uncached_task", -1),
-        saved.get("sparse_cache_retry_at", 0),  # (saved before it existed: the next block tries the cache)
-      ),
+      saved.get("backend", _backend_of_older(saved)),
       list(saved.get("warnings", [])),
     )
 
   def tasks_finished(self, blocks_per_task: int) -> int:
     return self.blocks_done // blocks_per_task
+
+
+def _backend_of_older(saved: dict) -> dict:
+  """`Progress.backend` of a checkpoint saved before it existed (the sparse step's schedule was
+  five fields of the progress then), or {} when it has none."""
+  if "sparse_started" not in saved:
+    return {}
+  return dict(
+    started=saved["sparse_started"],
+    active_last=saved["active_last"],
+    retry_at=saved["sparse_retry_at"],
+    uncached_task=saved.get("sparse_uncached_task", -1),
+    cache_retry_at=saved.get("sparse_cache_retry_at", 0),
+  )
 
 
 class Block(NamedTuple):
@@ -335,6 +341,8 @@ class Block(NamedTuple):
   ran_sparse: bool
   #: Whether it was the run's first block on the sparse step.
   first_sparse: bool
+  #: Whether the run may still switch to the sparse step (so the dense rate is not the run's).
+  sparse_pending: bool
   #: The share of the activations its forward computed (mean; < 1: the forward cache).
   forward_fraction: float
   #: A collapsed layer's line for the log and the results (`collapse_warning`), else None.
@@ -481,21 +489,23 @@ def run(
   Raises FloatingPointError naming the task, epoch and seed of a non-finite loss.
   """
   labels = list(labels or member_labels(seeds))
+  backend = engine.policy.resume(progress.backend)  # (with the forward cache between blocks)
   num_tasks, per_task = tasks.num_tasks, schedule.blocks_per_task
   real = lambda tree: jax.tree.map(lambda a: a[: len(seeds)], tree)
   steps = schedule.steps_per_block(tasks)
   for b in range(progress.blocks_done, per_task * num_tasks):  # (a range: nothing per block up front)
     task, block = divmod(b, per_task)
     train_data = (tasks.train_x, tasks.train_y, tasks.train_sizes, np.int32(task))
-    states, epoch_metrics, ran_sparse, sparse_schedule = engine.policy.run_block(
-      engine.blocks, states, *train_data, schedule=progress.sparse, block_index=progress.blocks_done, task=task
+    states, epoch_metrics, ran_sparse, schedule_after = engine.policy.run_block(
+      engine.blocks, states, *train_data, schedule=backend, block_index=progress.blocks_done, task=task
     )
     counts = engine.evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
     counts, epoch_metrics, epochs_done, lam = real(
       to_host((counts, epoch_metrics, states.epoch, gaba_mean(states, engine.spec)))
     )
-    first_sparse = ran_sparse and not progress.sparse.started
-    progress.sparse = sparse_schedule._replace(active_last=float(np.max(epoch_metrics.active_per_example[:, -1])))
+    first_sparse = ran_sparse and not backend.started
+    backend = schedule_after._replace(active_last=float(np.max(epoch_metrics.active_per_example[:, -1])))
+    progress.backend = backend.to_json()
     progress.blocks_done += 1
     _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
     rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam)
@@ -519,18 +529,19 @@ def run(
     yield (
       states,
       Block(
-        task,
-        (block + 1) * schedule.eval_every,
-        task_end,
-        rows,
-        full,
-        seen,
-        np.asarray(epoch_metrics.loss[:, -1]),
-        ran_sparse,
-        first_sparse,
-        float(np.mean(epoch_metrics.forward_fraction)),
-        warning,
-        steps[task],
+        task=task,
+        epoch_in_task=(block + 1) * schedule.eval_every,
+        task_end=task_end,
+        rows=rows,
+        full=full,
+        seen=seen,
+        loss=np.asarray(epoch_metrics.loss[:, -1]),
+        ran_sparse=ran_sparse,
+        first_sparse=first_sparse,
+        sparse_pending=engine.policy.sparse_pending(backend),
+        forward_fraction=float(np.mean(epoch_metrics.forward_fraction)),
+        warning=warning,
+        steps=steps[task],
       ),
     )
 

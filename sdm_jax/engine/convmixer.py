@@ -17,7 +17,7 @@ GELU is the exact (erf) one, as PyTorch's `nn.GELU()`; BatchNorm uses PyTorch's
 defaults (momentum 0.1, i.e. Flax momentum 0.9; epsilon 1e-5).
 
 Parallelism: the step is one `jax.jit`; the state is replicated and the batch
-is sharded over the 'data' axis of a 1-D mesh (`data_mesh`), so XLA
+is sharded over the 'data' axis of the mesh (`data_mesh`: `sdm_jax.runs.mesh`'s, one seed), so XLA
 all-reduces the gradients and BatchNorm's batch statistics (BN sees the global
 batch, like a single-device run).
 
@@ -44,9 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sdm_jax.core import topk, projection, sdm_layer
 from sdm_jax.engine import augment
-
-DATA_AXIS = 'data'
-"""The name of the data-parallel mesh axis the ConvMixer trains over."""
+from sdm_jax.runs import mesh as mesh_lib
 
 
 class DepthwiseConv(nn.Module):
@@ -180,24 +178,20 @@ def apply_eval(model: ConvMixer, variables: dict, images):
 
 
 def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  """A 1-D mesh over the first `num_devices` devices (all by default), axis 'data'.
-
-  Auto axis types, so jit propagates the shardings of its inputs (recent JAX
-  versions make `jax.make_mesh` axes Explicit by default, where shardings
-  become part of the array types and mismatches are errors).
-  """
+  """`sdm_jax.runs.mesh.make_mesh` over the first `num_devices` devices (all by default), all of
+  them on its 'data' axis (its 'seed' axis has size 1: one model)."""
   n = num_devices or jax.device_count()
-  return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+  return mesh_lib.make_mesh(seed=1, data=n, devices=jax.devices()[:n])
 
 
 def replicate(tree, mesh):
   """`tree` placed on every device of `mesh` (replicated)."""
-  return jax.device_put(tree, NamedSharding(mesh, P()))
+  return jax.device_put(tree, mesh_lib.replicated(mesh))
 
 
 def shard_batch(tree, mesh):
-  """Splits the leading (batch) axis of every leaf over the 'data' axis."""
-  return jax.device_put(tree, NamedSharding(mesh, P(DATA_AXIS)))
+  """Splits the leading (batch) axis of every leaf over the mesh's 'data' axis."""
+  return jax.device_put(tree, NamedSharding(mesh, P(mesh_lib.DATA)))
 
 
 def embed_arrays(

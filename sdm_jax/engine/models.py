@@ -120,7 +120,7 @@ def project_params(params: dict, spec: ModelSpec) -> dict:
   models/Base_Model.py; docs/reference_code.md#sdmlp): the clamp covers all
   parameters (output layer and biases too); the normalisation covers only the
   hidden kernel's columns (one per neuron). Paper App. A.5 items 2-4. The hidden layer's part is
-  `sdm_layer.project`; for any other model use `optim.sdm_projection`.
+  `sdm_layer.project`; for any other model use `projection.sdm_projection` (`sdm_jax.core.projection`).
   """
   # Every layer but the hidden one (the output head, and any a caller adds) gets the clamp only.
   return {

@@ -97,7 +97,7 @@ def resolve(path: str | pathlib.Path) -> pathlib.Path:
 
 
 def load(path: str | pathlib.Path, index: int = 0) -> Pretrained:
-  """Reads seed number `index` of a pretrain's final_state.npz (written by `driver.save_final_state`).
+  """Reads seed number `index` of a pretrain's final_state.npz (written by `sdm_jax.runs.final_state.save`).
 
   Raises:
     ValueError: the file is missing, is not a final state, or has no seed `index`.
@@ -227,7 +227,7 @@ def start_from(
     params = {**state.params, "hidden": hidden}
     reg = None
     if regularizer is not None:
-      slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
+      slots = regularizers.num_slots_for(regularizer, num_tasks)
       reg = regularizers.init(params, num_slots=slots)
     return state.replace(
       params=params,

@@ -3,9 +3,10 @@
 Synopsis::
 
     spec = models.sdmlp(784, 1000, 10)
-    tx = optim.make_optimizer("sgd", 0.05, projection=functools.partial(models.project_params, spec=spec))
+    tx = optimizers.for_model(spec, "sgd", 0.05)                   # clip -> sgd -> SDM projection
     states = init_states(jnp.arange(3), spec=spec, tx=tx)         # 3 seeds, stacked
-    train = make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)  # jit(map|vmap)
+    step = DenseStep(spec=spec, tx=tx)                            # steps.TrainStep
+    train = make_train_block(step=step, batch_size=128, epochs=10, seed_axis_data=False)  # jit(map|vmap)
     states, metrics = train(states, tasks.train_x, tasks.train_y, tasks.train_sizes, task_index)
     evaluate = make_evaluate(spec=spec)
     correct = evaluate(states, tasks.test_x, tasks.test_y, tasks.test_sizes, tasks.task_classes)
@@ -30,8 +31,7 @@ import optax
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.core import placement, sdm_layer
-from sdm_jax.engine import metrics, models, regularizers
-from sdm_jax.engine.cpu import forward_cache, sparse
+from sdm_jax.engine import metrics, models, regularizers, steps
 
 
 @flax.struct.dataclass
@@ -54,6 +54,9 @@ class TrainState:
       values inside the step and at task boundaries (`member_layer`, `member_regularizer`), so a
       grid of values is one compiled program. A member's learning rate lives in its optimiser state
       (`optax.inject_hyperparams`; `init_states`).
+    backend: what a training step keeps inside a block of epochs (`steps.TrainStep`: its `enter`
+      fills it, its `exit` empties it; the CPU backend's sparse step keeps its layout and forward
+      cache here); None between blocks, and always for the dense step. Opaque to the loop.
   """
 
   params: Any
@@ -64,6 +67,7 @@ class TrainState:
   key: jax.Array
   reg: Any = None
   hyper: Any = None
+  backend: Any = None
 
 
 # The values a population may give each model (`TrainState.hyper`), beside the optimiser's learning
@@ -134,7 +138,7 @@ def init_state(
   params = models.init_params(init_key, spec)
   reg = None
   if regularizer is not None:
-    slots = regularizers.num_slots_for(regularizer.method, num_tasks, online=regularizer.online)
+    slots = regularizers.num_slots_for(regularizer, num_tasks)
     reg = regularizers.init(params, num_slots=slots)
   opt_state = tx.init(params)
   if hyper and "learning_rate" in hyper:
@@ -229,7 +233,7 @@ def loss_and_stats(
   n_valid = jnp.maximum(n_valid, 1)
   loss = jnp.sum(jnp.where(valid, per_example, 0.0)) / n_valid
   if regularizer is not None:
-    penalty = regularizers.penalty(params, state.reg, regularizer.strength)
+    penalty = regularizers.method_of(regularizer).penalty(regularizer, params, state.reg)
     loss = loss + (penalty if data_axis is None else penalty / jax.lax.axis_size(data_axis))
   return loss, (logits, hidden)
 
@@ -255,8 +259,7 @@ def train_step(
 ):
   """One optimiser step on one (possibly partly padded) batch.
 
-  Returns the new state and (loss sum, correct, activity sum [r], active count, sparse steps = 0).
-  With `data_axis` (a `shard_map` axis; see `sdm_jax.runs.mesh`) the batch is this
+  Returns the new state and its `steps.StepStats`. With `data_axis` (a `shard_map` axis; see `sdm_jax.runs.mesh`) the batch is this
   device's slice: gradients, loss, counts and GABA counters are summed over the
   axis, so every slice takes the same step as one device with the whole batch
   (dropout masks differ: each slice draws its own).
@@ -272,31 +275,22 @@ def train_step(
   )
   if data_axis is not None:
     grads, loss = jax.lax.psum((grads, loss), data_axis)
-  si = regularizer is not None and regularizer.method == "si"
-  if si:  # SI's path-integral gradient, every step of every task (docs/reference_code.md#si)
-    si_grad = regularizers.si_gradient(
-      state.params,
-      x,
-      y,
-      valid,
-      logits_fn=eval_logits_fn(state, spec=spec),
-      variant=regularizer.si_variant,
-      beta=regularizer.beta,
-    )
-    grads = regularizers.si_optimizer_grads(grads, si_grad, variant=regularizer.si_variant)
+  method = None if regularizer is None else regularizers.method_of(regularizer)
+  if method is not None:  # what the method adds inside a step (SI: its path integral's gradient)
+    logits_fn = eval_logits_fn(state, spec=spec)
+    grads, aux = method.step_gradient(regularizer, state.params, x, y, valid, logits_fn=logits_fn, grads=grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  if si:  # Δθ after the projection: the change the step really made
-    state = state.replace(reg=regularizers.si_accumulate(state.reg, si_grad, state.params, params))
+  if method is not None:  # after the projection: the change the step really made
+    state = state.replace(reg=method.after_update(regularizer, state.reg, aux, state.params, params))
   counts, stats = count_batch(state, loss, logits, hidden, y, valid, spec=spec, data_axis=data_axis)
   return state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1), stats
 
 
 def count_batch(state: TrainState, loss, logits, hidden, y, valid, *, spec: models.ModelSpec, data_axis=None):
-  """A dense step's bookkeeping (`train_step`, `fused_dense.train_step`): the GABA counters after the
-  batch (Eq. 12's C_i increments, as the layer counts them) and the step's stats (loss sum, correct,
-  activity sum [r], active count, sparse steps = 0). With `data_axis` the counts are summed over the
-  batch's slices: those of the whole batch."""
+  """A dense step's bookkeeping (`train_step`, the CPU backend's fused step): the GABA counters after
+  the batch (Eq. 12's C_i increments, as the layer counts them) and the step's `steps.StepStats`.
+  With `data_axis` the counts are summed over the batch's slices: those of the whole batch."""
   counted = (
     valid.sum(),
     jnp.sum((jnp.argmax(logits, -1) == y) & valid),
@@ -307,125 +301,95 @@ def count_batch(state: TrainState, loss, logits, hidden, y, valid, *, spec: mode
     counted = jax.lax.psum(counted, data_axis)
   n_valid, correct, activity, fired_per_neuron = counted
   counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
-  return counts, (loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32))
+  stats = steps.StepStats(
+    loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32), jnp.ones(())
+  )
+  return counts, stats
 
 
-def train_epoch(
-  state: TrainState,
-  x_task,
-  y_task,
-  task_size,
-  *,
-  spec: models.ModelSpec,
-  tx: optax.GradientTransformation,
-  batch_size: int,
-  sparse_sgd: sparse.SparseSGD | None = None,
-  regularizer: regularizers.RegularizerSpec | None = None,
-  data_axis: str | None = None,
-  penalty: sparse.Penalty | None = None,
-  cache: forward_cache.ForwardCache | None = None,
-  dense_step: Callable | None = None,
-):
-  """One shuffled pass over the first `task_size` rows of a padded task (one `lax.scan`).
+def skip_empty(step_fn: Callable, state: TrainState, batch: steps.Batch):
+  """`step_fn(state, batch)` when the batch holds real rows, else the state unchanged and
+  `StepStats.zeros` (a `lax.cond`: under `vmap` both branches run, and the skip is a select)."""
+  skip = lambda state, batch: (state, steps.StepStats.zeros(state.gaba_counts.shape[-1]))
+  return jax.lax.cond(batch.live, step_fn, skip, state, batch)
 
-  The number of scanned batches is ceil(rows / batch_size) for the padded
-  shape; batches past the task's true size are skipped with `lax.cond`
-  (under `vmap` both branches run, and the skip is a select). With
-  `sparse_sgd`, steps are `sparse.train_step_with_penalty` and `state.params` must hold the
-  neuron-major hidden kernel (`train_epochs` arranges that, and passes a regulariser's
-  penalty as `penalty`, `sparse.penalty_of`, which the scan carries from step to step with
-  its per-row statistics), and with `cache` (`forward_cache`, the task's rows) takes its activations
-  from it, carrying it from step to step. Returns (state, metrics, cache). `dense_step`: the dense
-  step if not `train_step` with `tx`, with its contract and arguments (state, x_uint8, y, valid,
-  spec=, regularizer=), e.g. `fused_dense.train_step` bound to its optimiser (`step_policy`). With
-  `data_axis`, every device of the axis draws the same order and takes its
-  contiguous slice of each batch (`batch_size` must be a multiple of the
-  axis size); whether a batch is skipped depends on the whole batch, so all
-  slices run the same collectives.
+
+class DenseStep(NamedTuple):
+  """The dense step (`train_step`) behind the step interface (`steps.TrainStep`): every model,
+  optimiser and regulariser, on every platform; with `data_axis` each device takes its slice of the
+  batch (`sdm_jax.runs.mesh`)."""
+
+  #: The model it trains.
+  spec: models.ModelSpec
+  #: The optax chain (clip -> optimiser -> SDM projection: `optimizers.for_model`).
+  tx: optax.GradientTransformation
+  #: The regulariser, or None.
+  regularizer: regularizers.RegularizerSpec | None = None
+  #: The `shard_map` axis a batch is split over, or None (`make_train_block` sets it from the mesh).
+  data_axis: str | None = None
+
+  def enter(self, state: TrainState, task: steps.TaskRows) -> TrainState:
+    """Nothing to lay out: the state as it is."""
+    return state
+
+  def __call__(self, state: TrainState, batch: steps.Batch):
+    """`train_step` on the batch (skipped when it has no real row)."""
+
+    def step(state, batch):
+      options = dict(spec=self.spec, tx=self.tx, regularizer=self.regularizer, data_axis=self.data_axis)
+      return train_step(state, batch.x, batch.y, batch.valid, **options)
+
+    return skip_empty(step, state, batch)
+
+  def exit(self, state: TrainState) -> TrainState:
+    """The state as it is."""
+    return state
+
+
+def train_epoch(state: TrainState, task: steps.TaskRows, *, step: steps.TrainStep, batch_size: int, data_axis=None):
+  """One shuffled pass over the first `task.size` rows of a padded task (one `lax.scan` of `step`).
+
+  The number of scanned batches is ceil(rows / batch_size) for the padded shape; batches past the
+  task's true size are handed over with `live` False (the step skips them). With `data_axis`,
+  every device of the axis draws the same order and takes its contiguous slice of each batch
+  (`batch_size` must be a multiple of the axis size); whether a batch is live depends on the whole
+  batch, so all slices run the same collectives. Returns (state, `EpochMetrics`).
   """
-  n = x_task.shape[0]
+  n = task.x.shape[0]
   num_batches = -(-n // batch_size)
   key, perm_key = jax.random.split(state.key)
   state = state.replace(key=key)
   # Random order of the valid rows first, padding rows last.
   noise = jax.random.uniform(perm_key, (n,))
-  order = jnp.argsort(jnp.where(jnp.arange(n) < task_size, noise, 2.0))
+  order = jnp.argsort(jnp.where(jnp.arange(n) < task.size, noise, 2.0))
   order = jnp.pad(order, (0, num_batches * batch_size - n)).reshape(num_batches, batch_size)
   positions = jnp.arange(num_batches * batch_size).reshape(num_batches, batch_size)
 
   def body(carry, batch):
-    state, totals, penalty, cache = carry
+    state, totals = carry
     idx, pos = batch
-    run = pos[0] < task_size  # the batch holds valid rows (they come first)
+    live = pos[0] < task.size  # the batch holds valid rows (they come first)
     if data_axis is not None:
       shards = jax.lax.axis_size(data_axis)
       idx, pos = (a.reshape(shards, batch_size // shards)[jax.lax.axis_index(data_axis)] for a in (idx, pos))
-    valid = pos < task_size
+    batch = steps.Batch(task.x[idx], task.y[idx], pos < task.size, idx, live, pos[0] == 0)
+    state, stats = step(state, batch)
+    return (state, jax.tree.map(jnp.add, totals, stats)), None
 
-    x = to_float_input(x_task[idx])
-    computed, activations, step_index = jnp.ones(()), None, state.step
-    if cache is not None:
-      # Outside the `lax.cond` below: a cache passed through a conditional is copied on XLA:CPU.
-      addresses = state.params["hidden"]["kernel"]
-      activations, cache, computed = forward_cache.activations(
-        cache,
-        addresses,
-        sparse.layer_input(x, valid),
-        idx,
-        valid,
-        step_index,
-        use_kernels=sparse_sgd.address_kernel() == "ffi",
-      )
-
-    def step(state, penalty, activations):
-      if sparse_sgd is not None:
-        # The penalty is carried: each step hands the next its row statistics (`sparse.Penalty`).
-        return sparse.train_step_with_penalty(
-          state,
-          penalty,
-          x,
-          y_task[idx],
-          valid,
-          spec=spec,
-          sgd=sparse_sgd,
-          regularizer=member_regularizer(regularizer, state),
-          activations=activations,
-        )
-      if dense_step is not None:
-        state, stats = dense_step(state, x_task[idx], y_task[idx], valid, spec=spec, regularizer=regularizer)
-      else:
-        state, stats = train_step(
-          state, x_task[idx], y_task[idx], valid, spec=spec, tx=tx, regularizer=regularizer, data_axis=data_axis
-        )
-      return state, penalty, stats, no_slots
-
-    def skip(state, penalty, activations):
-      return state, penalty, zeros, no_slots
-
-    state, penalty, stats, neurons = jax.lax.cond(run, step, skip, state, penalty, activations)
-    if cache is not None:  # the rows the step moved: its slots' neurons, and a penalty's rows
-      cache = forward_cache.mark_updated(cache, neurons, step_index, None if penalty is None else penalty.rows)
-    totals = jax.tree.map(jnp.add, totals, (*stats, jnp.where(run, computed, 0.0)))
-    return (state, totals, penalty, cache), None
-
-  zeros = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.zeros((spec.neurons,)), jnp.zeros(()), jnp.zeros((), jnp.int32))
-  # The slots' neurons of a step that moved no address row (the dense step and skipped batches).
-  no_slots = jnp.full((sparse_sgd.num_slots(spec, batch_size) if sparse_sgd else 1,), spec.neurons, jnp.int32)
-  (state, (loss_sum, correct, activity, active, sparse_steps, computed), penalty, cache), _ = jax.lax.scan(
-    body, (state, (*zeros, jnp.zeros(())), penalty, cache), (order, positions)
-  )
-  count = jnp.maximum(task_size, 1).astype(jnp.float32)
-  steps = jnp.maximum(-(-task_size // batch_size), 1)
+  zeros = steps.StepStats.zeros(state.gaba_counts.shape[-1])
+  (state, totals), _ = jax.lax.scan(body, (state, zeros), (order, positions))
+  count = jnp.maximum(task.size, 1).astype(jnp.float32)
+  num_steps = jnp.maximum(-(-task.size // batch_size), 1)
   epoch_metrics = EpochMetrics(
-    loss=loss_sum / count,
-    accuracy=correct / count,
-    dead_fraction=metrics.dead_fraction(activity),
-    active_per_example=active / count,
-    sparse_fraction=sparse_steps / steps,
-    forward_fraction=computed / steps,
-    output_mean=jnp.sum(activity) / jnp.maximum(active, 1.0),
+    loss=totals.loss_sum / count,
+    accuracy=totals.correct / count,
+    dead_fraction=metrics.dead_fraction(totals.activity),
+    active_per_example=totals.active / count,
+    sparse_fraction=totals.sparse_steps / num_steps,
+    forward_fraction=totals.computed / num_steps,
+    output_mean=jnp.sum(totals.activity) / jnp.maximum(totals.active, 1.0),
   )
-  return state.replace(epoch=state.epoch + 1), epoch_metrics, cache
+  return state.replace(epoch=state.epoch + 1), epoch_metrics
 
 
 def train_epochs(
@@ -435,63 +399,20 @@ def train_epochs(
   train_sizes,
   task,
   *,
-  spec,
-  tx,
+  step: steps.TrainStep,
   batch_size: int,
   epochs: int,
-  sparse_sgd: sparse.SparseSGD | None = None,
-  regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
-  cache_bytes: int = 0,
-  dense_step: Callable | None = None,
-  keep_cache: bool = False,
 ):
-  """`epochs` epochs on task `task` (traced) of the padded task arrays [T, N, ...].
+  """`epochs` epochs of `step` on task `task` (traced) of the padded task arrays [T, N, ...]:
+  `step.enter`, one `lax.scan` over the epochs, `step.exit`. Returns (state, `EpochMetrics` [epochs])."""
+  rows = steps.TaskRows(train_x[task], train_y[task], train_sizes[task])
 
-  With `sparse_sgd` the steps are the sparse SGD step (see `sdm_jax.engine.cpu.sparse`;
-  the caller checks it is exact); the hidden kernel is carried neuron-major
-  inside the block and transposed back at its end. With `cache_bytes` > 0, when the task's
-  activations fit that many bytes, the sparse step's forward reads a `forward_cache`: the one
-  `state` carries (a `forward_cache.Carried` from the task's previous block), else an empty one
-  (its first epoch computes every row). With `keep_cache` the block returns it with the state
-  (`Carried`) for the task's next block; without, it is dropped at the block's end.
-  """
-  carried = isinstance(state, forward_cache.Carried)
-  state, cache = state if carried else (state, None)
-  x_task, y_task, size = train_x[task], train_y[task], train_sizes[task]
-  # The penalty's A and m change only at task boundaries: laid out for the sparse step once per block.
-  penalty = sparse.penalty_of(state.reg) if sparse_sgd is not None and regularizer is not None else None
-  cached = sparse_sgd is not None and forward_cache.fits(x_task.shape[0], spec.neurons, cache_bytes)
+  def body(state, _):
+    return train_epoch(state, rows, step=step, batch_size=batch_size, data_axis=data_axis)
 
-  def body(carry, _):
-    state, cache = carry
-    state, epoch_metrics, cache = train_epoch(
-      state,
-      x_task,
-      y_task,
-      size,
-      spec=spec,
-      tx=tx,
-      batch_size=batch_size,
-      sparse_sgd=sparse_sgd,
-      regularizer=regularizer,
-      data_axis=data_axis,
-      penalty=penalty,
-      cache=cache,
-      dense_step=dense_step,
-    )
-    return (state, cache), epoch_metrics
-
-  if carried and not cached:
-    raise ValueError("a carried forward cache needs the sparse step with a cache budget that holds the task")
-  if sparse_sgd is None:
-    (state, _), metrics = jax.lax.scan(body, (state, None), None, length=epochs)
-    return state, metrics
-  if cached and not carried:
-    cache = forward_cache.empty(x_task.shape[0], spec.neurons)
-  (state, cache), metrics = jax.lax.scan(body, (sparse.to_neuron_major_state(state), cache), None, length=epochs)
-  state = sparse.to_neuron_major_state(state)
-  return (forward_cache.Carried(state, cache) if keep_cache and cached else state), metrics
+  state, epoch_metrics = jax.lax.scan(body, step.enter(state, rows), None, length=epochs)
+  return step.exit(state), epoch_metrics
 
 
 #: How the seeds of one program run: "vmap", "map" (`lax.map`), or "auto" (map on CPU, vmap elsewhere).
@@ -558,65 +479,40 @@ def _over_rows(fn, *, seed_axis_data: bool, seed_loop: str, num_data_args: int):
 
 def make_train_block(
   *,
-  spec: models.ModelSpec,
-  tx: optax.GradientTransformation,
+  step: steps.TrainStep,
   batch_size: int,
   epochs: int,
   seed_axis_data: bool,
   seed_loop: str = "auto",
   data_repeats: int = 1,
-  sparse_sgd: sparse.SparseSGD | None = None,
-  regularizer: regularizers.RegularizerSpec | None = None,
   mesh=None,
-  cache_bytes: int = 0,
-  dense_step: Callable | None = None,
-  keep_cache: bool = False,
 ):
-  """jit of `train_epochs` over a leading seed axis; the state buffer is donated.
+  """jit of `train_epochs` with `step` over a leading seed axis; the state buffer is donated.
 
   Args:
+    step: the training step (`steps.TrainStep`): `DenseStep`, or a CPU backend's
+      (`sdm_jax.engine.cpu.step_policy` builds and chooses them).
     seed_axis_data: True if the task arrays carry a leading seed axis (each
       seed has its own class order); False if all seeds share them.
     seed_loop: "vmap", "map" (`lax.map`) or "auto" (see `resolve_seed_loop`).
     data_repeats: the models are this many groups of the data's seed rows (`over_seeds`).
-    sparse_sgd: run the sparse SGD step instead of `tx` (the same clip -> sgd
-      -> projection chain, computed only for the active units). Needs
-      `sparse.eligible(spec, optimizer=...)` and `tx` = that chain. Exact only
-      where `metrics.sparse_fraction` is 1: run it through `step_policy.run_block`.
-    cache_bytes: with `sparse_sgd`, the byte budget of one model's `forward_cache` (0: none).
-    keep_cache: return the cache with the states (`forward_cache.Carried`, stacked over the seeds)
-      when the block has one, for the task's next block to take back as its states.
-    dense_step: the dense step instead of `train_step` with `tx` (`train_epoch`); one device per model.
     mesh: a `sdm_jax.runs.mesh` Mesh: the seeds (padded to a multiple of its
-      `seed` axis) are split over `seed`, each batch over `data`; None: one device.
+      `seed` axis) are split over `seed`, each batch over `data` (the dense step only); None: one device.
   """
-  if sparse_sgd is not None and not sparse.eligible(spec, optimizer="sgd", regularizer=regularizer):
-    raise ValueError(
-      "the sparse step is not exact here: " + sparse.ineligibility(spec, optimizer="sgd", regularizer=regularizer)
-    )
   data_axis = mesh_lib.data_axis(mesh)
   if data_axis is not None:
-    if sparse_sgd is not None or dense_step is not None:
-      raise ValueError("the sparse and fused steps are not data-parallel: use `train_step` with a `data` mesh axis")
-    if regularizer is not None and regularizer.method == "si":
-      raise ValueError("SI's path integral is not data-parallel: use a mesh without a `data` axis")
+    if not isinstance(step, DenseStep):
+      raise ValueError(f"{type(step).__name__} is not data-parallel: use DenseStep with a `data` mesh axis")
+    if step.regularizer is not None and not regularizers.method_of(step.regularizer).data_parallel:
+      raise ValueError(
+        f"regulariser {step.regularizer.method!r} is not data-parallel: use a mesh without a `data` axis"
+      )
     if batch_size % mesh.shape[mesh_lib.DATA]:
       raise ValueError(
         f"batch size {batch_size} is not a multiple of the mesh's data axis ({mesh.shape[mesh_lib.DATA]})"
       )
-  fn = functools.partial(
-    train_epochs,
-    spec=spec,
-    tx=tx,
-    batch_size=batch_size,
-    epochs=epochs,
-    sparse_sgd=sparse_sgd,
-    regularizer=regularizer,
-    data_axis=data_axis,
-    cache_bytes=cache_bytes,
-    dense_step=dense_step,
-    keep_cache=keep_cache,
-  )
+    step = step._replace(data_axis=data_axis)
+  fn = functools.partial(train_epochs, step=step, batch_size=batch_size, epochs=epochs, data_axis=data_axis)
   fn = mesh_lib.shard_seeds(
     over_seeds(fn, seed_axis_data=seed_axis_data, seed_loop=seed_loop, data_repeats=data_repeats),
     mesh,
@@ -644,16 +540,15 @@ def end_task(
   """
   regularizer = member_regularizer(regularizer, state)
   key = jax.random.fold_in(state.key, task)  # the importance loader's shuffle
-  reg = regularizers.consolidate(
+  reg = regularizers.method_of(regularizer).consolidate(
+    regularizer,
     state.reg,
     state.params,
     train_x[task],
     train_y[task],
     train_sizes[task],
     key,
-    method=regularizer.method,
     logits_fn=eval_logits_fn(state, spec=spec),
-    **regularizer.estimator_options(),
   )
   return state.replace(reg=reg)
 

@@ -89,7 +89,8 @@ def check_schedule(prefix: str, epochs_per_task: Any, eval_every: Any, batch_siz
 def check_regularizer(r: Any, prefix: str = "", *, allow_none: bool = True) -> None:
   """A regulariser's fields (a `regularizers.RegularizerSpec`, or a config's `regularizer`, whose
   method may be "none" when `allow_none`). Names are `prefix` + the field."""
-  methods = (("none",) if allow_none else ()) + regularizers.METHODS
+  registered = tuple(name for name in regularizers.REGISTRY if name not in regularizers.METHODS)
+  methods = (("none",) if allow_none else ()) + regularizers.METHODS + registered
   if r.method not in methods:
     fail(prefix + "method", f"unknown regularizer {r.method!r}; choose one of {methods}")
   if not 0.0 < r.decay <= 1.0:

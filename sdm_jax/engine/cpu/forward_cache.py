@@ -32,8 +32,8 @@ at 10K neurons; with the CPU kernels one pass each way, `kernels.cache_rows` and
 `benchmarks/README.md` has the measured shares and times. The cache holds num_examples x r
 float32 (12,665 x 10,000 x 4 B = 507 MB for one MNIST task at 10K neurons); `fits` says whether
 it fits a byte budget, and the caller keeps the dense forward when it does not (`step_policy`).
-A block built with `keep_cache` (`train.make_train_block`) returns its cache with the state
-(`Carried`), and the next block of the same task takes it back, so only the task's first block
+A block whose step keeps its cache (`sparse.SparseStep`, `keep_cache`) returns it in the state
+(`TrainState.backend`), and the next block of the same task takes it back, so only the task's first block
 pays a full first epoch (`step_policy` carries it between blocks in its `Schedule`; a dense block,
 a new task or a resume starts an empty one). Checkpoints never hold it: a resumed run starts with
 an empty cache, whose first visits compute the dense matmul, the same bits as the cached rows of
@@ -42,7 +42,7 @@ the uninterrupted run on XLA:CPU (above), so the two runs stay bitwise equal the
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,15 +69,6 @@ class ForwardCache(NamedTuple):
   visited_at: jax.Array
   #: [r] int32: the step at which each neuron's address last changed; -1 before any.
   updated_at: jax.Array
-
-
-class Carried(NamedTuple):
-  """A block's state with the forward cache of its task, handed from one block to the next."""
-
-  #: The block's training state (`train.TrainState`; stacked over the models outside the block).
-  state: Any
-  #: The forward cache of the block's task, for the task's next block (stacked like `state`).
-  cache: ForwardCache
 
 
 def nbytes(num_examples: int, neurons: int) -> int:

@@ -5,7 +5,8 @@ Synopsis::
     sgd = sparse.SparseSGD(0.05, 1.0)                       # clip 1.0 -> sgd 0.05 -> projection
     state, stats = fused_dense.train_step(state, x_uint8, y, valid, spec=spec, sgd=sgd, regularizer=None)
     # == train.train_step(state, x_uint8, y, valid, spec=spec, tx=fused_dense.optimizer(spec, sgd))
-    #    to float rounding; the same TrainState (opt_state included) and stats tuple
+    #    to float rounding; the same TrainState (opt_state included) and `steps.StepStats`
+    step = fused_dense.FusedDenseStep(spec, sgd)            # the same behind `steps.TrainStep`
 
 `train.train_step` with plain SGD runs the optax chain clip_by_global_norm -> sgd -> projection
 (`optimizers.for_model`; the projection is `models.project_params`: every parameter clamped >= 0,
@@ -24,7 +25,7 @@ compiles it into ~13 passes over the address matrix (31 MB at r = 10,000; benchm
 - opt_state is passed through unchanged: plain SGD's is a tuple of `optax.EmptyState`s, so a
   state can go back and forth between this step and `train.train_step`.
 
-The GABA counters, the step counter and the stats tuple are `train.train_step`'s. It takes the
+The GABA counters, the step counter and the stats are `train.train_step`'s. It takes the
 models and regularisers the sparse step takes (`sparse.eligible(spec, optimizer="sgd", ...)`:
 SDM constraint, no biases, no dropout, a fixed-k schedule) with no regulariser or EWC, MAS or L2
 (their penalty is in the gradient); SI's path integral is refused (`ineligibility`): it stays on
@@ -37,11 +38,13 @@ checks it against `train.train_step` (max |difference| ~1e-7 on the params after
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.engine import models, optimizers, regularizers, train
+from sdm_jax.engine import models, optimizers, regularizers, steps, train
 
 from sdm_jax.engine.cpu import kernels, sparse
 
@@ -54,9 +57,12 @@ def optimizer(spec: models.ModelSpec, sgd: sparse.SparseSGD) -> optax.GradientTr
 
 def ineligibility(spec: models.ModelSpec, regularizer: regularizers.RegularizerSpec | None = None) -> str | None:
   """Why this step cannot train the model (None if it can): `sparse.ineligibility` with plain SGD,
-  and SI (its path integral needs the update the optax step makes: use `train.train_step`)."""
-  if regularizer is not None and regularizer.method == "si":
-    return "regulariser 'si' (its path integral stays on train.train_step)"
+  and a regulariser with a per-step hook (SI's path integral needs the update the optax step makes:
+  `train.train_step`)."""
+  if regularizer is not None:
+    why = sparse.regularizer_ineligibility(regularizer)  # no hook written by hand here
+    if why is not None:
+      return why
   return sparse.ineligibility(spec, optimizer="sgd", regularizer=regularizer)
 
 
@@ -72,9 +78,8 @@ def train_step(
 ):
   """One SGD step on one (possibly partly padded) batch, the address update in one CPU kernel.
 
-  The contract of `train.train_step` with `tx=optimizer(spec, sgd)`: returns the new state and
-  (loss sum, correct, activity sum [r], active count, sparse steps = 0), equal to it to float
-  rounding. `regularizer`: None, EWC, MAS or L2 (its values may be a population member's,
+  The contract of `train.train_step` with `tx=optimizer(spec, sgd)`: returns the new state and its
+  `steps.StepStats`, equal to it to float rounding. `regularizer`: None, EWC, MAS or L2 (its values may be a population member's,
   `train.member_regularizer`). Raises ValueError for a model or regulariser it cannot train
   (`ineligibility`) or an optimiser state that is not plain SGD's (e.g. a population's injected
   learning rate).
@@ -101,6 +106,35 @@ def train_step(
 
   counts, stats = train.count_batch(state, loss, logits, hidden, y, valid, spec=spec)
   return state.replace(params=params, gaba_counts=counts, step=state.step + 1), stats
+
+
+class FusedDenseStep(NamedTuple):
+  """`train_step` behind the step interface (`steps.TrainStep`): the dense step the CPU backend
+  trains with where the sparse step may run but a block cannot take it (`step_policy`)."""
+
+  #: The model it trains (`ineligibility` must be None).
+  spec: models.ModelSpec
+  #: The optimiser it implements: clip -> SGD -> projection.
+  sgd: sparse.SparseSGD
+  #: The regulariser (None, EWC, MAS or L2).
+  regularizer: regularizers.RegularizerSpec | None = None
+
+  def enter(self, state: train.TrainState, task: steps.TaskRows) -> train.TrainState:
+    """Nothing to lay out: the state as it is."""
+    return state
+
+  def __call__(self, state: train.TrainState, batch: steps.Batch):
+    """`train_step` on the batch (skipped when it has no real row)."""
+
+    def step(state, batch):
+      options = dict(spec=self.spec, sgd=self.sgd, regularizer=self.regularizer)
+      return train_step(state, batch.x, batch.y, batch.valid, **options)
+
+    return train.skip_empty(step, state, batch)
+
+  def exit(self, state: train.TrainState) -> train.TrainState:
+    """The state as it is."""
+    return state
 
 
 def _sgd_update(params: dict, grads: dict, sgd: sparse.SparseSGD) -> dict:

@@ -13,7 +13,7 @@ with a > lambda I, as a flat list of slots (example, neuron, a*) sorted by examp
 capacity on the batch's TOTAL number of active units and none per example (after the switch
 only the top k can fire and they come from the one selection; during it two more passes over
 a collect all of them). The top-(k+1) selection (also `top_values_and_indices`, i.e.
-`layers.top_values_and_indices(a, m, axis=0)`): the m-th largest of the maxima of chunks of 8
+`topk.top_values_and_indices(a, m, axis=0)`): the m-th largest of the maxima of chunks of 8
 neurons (branch-free SIMD across the batch) bounds each example's m-th value from below, so one
 more pass sends only ~m entries per example to a scalar insertion.
 
@@ -408,17 +408,16 @@ def sparse_update_path_integral(
   _check_available("sparse_update_path_integral", addresses, x)
   scalar = jax.ShapeDtypeStruct(jnp.shape(values_sq), jnp.float32)
   matrix = jax.ShapeDtypeStruct(addresses.shape, jnp.float32)
+  operands = _penalized_operands(addresses, x, slots, values_sq, curvature, center, rows, strength, row_stats)
+  outputs = (matrix, scalar, scalar, matrix, _row_stats_shape(addresses))
+  w_operand, w_output = len(operands), 3  # w follows the penalised operands; the new w is output 3
   return _address_update(
     "sdm_jax_sparse_update_path_integral",
-    (matrix, scalar, scalar, matrix, _row_stats_shape(addresses)),
-    (
-      *_penalized_operands(addresses, x, slots, values_sq, curvature, center, rows, strength, row_stats),
-      w.astype(jnp.float32),
-      si_d.astype(jnp.float32),
-    ),
+    outputs,
+    (*operands, w.astype(jnp.float32), si_d.astype(jnp.float32)),
     learning_rate=learning_rate,
     clip_norm=clip_norm,
-    aliases={12: 3},  # w, operand 12: after addresses, x, 3 slot operands, values_sq and 6 penalty operands
+    aliases={w_operand: w_output},  # w is updated in place
   )
 
 
@@ -428,7 +427,7 @@ def _slot_operands(slots):
 
 
 def top_values_and_indices(a, m: int):
-  """`layers.top_values_and_indices(a, m, axis=0)` on CPU: a [..., r, B] non-negative f32
+  """`topk.top_values_and_indices(a, m, axis=0)` on CPU: a [..., r, B] non-negative f32
   (neuron-major) -> (values [..., B, m] descending, indices [..., B, m] int32), exact, ties
   counted with multiplicity (the lower index first). Gradient-stopped."""
   _check_available("top_values_and_indices", a)

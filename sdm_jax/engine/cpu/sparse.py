@@ -2,10 +2,10 @@
 
 Synopsis::
 
-    dense = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False)
-    fast = train.make_train_block(spec=spec, tx=tx, batch_size=128, epochs=10, seed_axis_data=False,
-                                  sparse_sgd=sparse.SparseSGD(0.05, 1.0))   # needs sparse.eligible(...)
-    states, metrics, ran_sparse = train.run_block(states, *task_data, dense_block=dense, sparse_block=fast)
+    block = functools.partial(train.make_train_block, batch_size=128, epochs=10, seed_axis_data=False)
+    dense = block(step=train.DenseStep(spec, tx))                 # tx: clip 1.0 -> sgd 0.05 -> projection
+    fast = block(step=sparse.SparseStep(spec, sparse.SparseSGD(0.05, 1.0)))  # needs sparse.eligible(...)
+    states, metrics, ran_sparse = step_policy.sparse_or_dense_block(states, *task_data, dense_block=dense, sparse_block=fast)
 
 Why it is exact. Eq. 4 and the GABA switch (App. B.3) give a* = relu(a - lambda I) with I the
 detached (k+1)-th largest activation: once every lambda is +1 at most k units per example are
@@ -60,7 +60,7 @@ epochs, so a neuron's address is a contiguous row (rows scatter faster than colu
 
 A batch with more active units than the slots hold (early in the switch, lambda = -1 makes
 every unit fire), or that touches more distinct neurons than the compact XLA path holds, is
-flagged, and `train.run_block` redoes the whole block of epochs with the dense step from a copy
+flagged, and `step_policy.sparse_or_dense_block` redoes the whole block of epochs with the dense step from a copy
 of the state, so results are always exact. The dense path (`train.train_step`) stays for
 momentum optimisers, biases, dropout, masks and linear annealing.
 `tests/sparse_test.py` checks the two agree to 1e-5, through the switch, beyond k active units
@@ -79,14 +79,16 @@ import jax.numpy as jnp
 import optax
 
 from sdm_jax.core import placement, sdm_layer, topk
-from sdm_jax.engine import models, regularizers
-from sdm_jax.engine.cpu import kernels
+from sdm_jax.engine import models, regularizers, steps, train
+from sdm_jax.engine.cpu import forward_cache, kernels
 
 
 #: Where the step's selection and update run: the C++ FFI kernels on CPU when built ("auto"), or XLA.
 KERNELS = ("auto", "xla", "ffi")
-#: Regularisers the sparse step implements: the folded quadratic penalty, and SI's path integral.
-PENALTY_METHODS = ("ewc", "mas", "l2", "si")
+#: The regularisers whose per-step hook (`regularizers.Method.has_step_hook`) this step implements
+#: by hand: SI's path integral. Any other method trains here when its whole effect is the folded
+#: quadratic penalty (`regularizers.quadratic`), whose gradient the step adds on the rows it holds.
+HAND_WRITTEN_HOOKS = ("si",)
 
 
 class SparseSGD(NamedTuple):
@@ -98,7 +100,7 @@ class SparseSGD(NamedTuple):
   k units and a few many more, which a per-example capacity would either drop or pay for on every
   example. The mean rises near the end of the switch and for the first epochs of a new task
   (neurons short of lambda = +1 fire on the new data). A batch with more active units in all is
-  flagged, and `train.run_block` redoes its block with the dense step, so the result is always
+  flagged, and `step_policy.sparse_or_dense_block` redoes its block with the dense step, so the result is always
   exact. The CPU kernels cost in proportion to the units that fire; XLA's scatters in proportion
   to the slots, and the FFI path's logits and output layer to the slot tier that holds the
   active units (`SLOT_TIERS`; benchmarks/README.md). So with the
@@ -198,8 +200,19 @@ def ineligibility(
     return "dropout"
   if optimizer != "sgd" or weight_decay:
     return f"optimizer {optimizer!r} (only plain sgd leaves silent neurons untouched)"
-  if regularizer is not None and regularizer.method not in PENALTY_METHODS:
-    return f"regulariser {regularizer.method!r}"
+  if regularizer is not None:
+    return regularizer_ineligibility(regularizer, hand_written=HAND_WRITTEN_HOOKS)
+  return None
+
+
+def regularizer_ineligibility(regularizer: regularizers.RegularizerSpec, *, hand_written=()) -> str | None:
+  """Why a step that reads the folded quadratic penalty (and implements the per-step hooks of the
+  methods `hand_written` names) cannot train this regulariser, or None if it can."""
+  method = regularizers.method_of(regularizer)
+  if type(method).penalty is not regularizers.Method.penalty:
+    return f"regulariser {method.name!r} (its penalty is not the folded quadratic this step reads)"
+  if method.has_step_hook and method.name not in hand_written:
+    return f"regulariser {method.name!r} (its per-step hook runs in train.train_step only)"
   return None
 
 
@@ -289,7 +302,7 @@ def train_step_with_penalty(
   caller has them (`forward_cache.activations`), else the step computes them. `fits` is 1 when the batch's active
   units fitted the slots (and the compact XLA path's touched rows), i.e. when the step was exact;
   otherwise the step dropped units and the caller redoes the block with the dense step
-  (`train.run_block`; a per-step `lax.cond` fallback would cost buffer copies on every step).
+  (`step_policy.sparse_or_dense_block`; a per-step `lax.cond` fallback would cost buffer copies on every step).
   `regularizer` (its values may be traced: a population member's) with `penalty` (`penalty_of`):
   the penalty, and SI's path integral in `state.reg.w` (neuron-major). The returned penalty carries
   each address row's statistics at the new addresses (`Penalty.row_stats`), so that the next step
@@ -306,7 +319,8 @@ def train_step_with_penalty(
     else jnp.ones((spec.neurons,), jnp.float32)
   )
   if sgd.address_kernel() == "ffi":
-    slots, total = kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
+    selected, total = kernels.active_units(a, lam, k=spec.hidden.k, num_slots=num_slots)
+    slots = Slots(*selected)
     total_if_packed = total  # the kernel packs the active units into the first slots
   else:
     slots, total = _active_units(a, lam, spec=spec, num_slots=num_slots)
@@ -315,13 +329,145 @@ def train_step_with_penalty(
     state, x, slots, y, valid, spec=spec, sgd=sgd, regularizer=regularizer, penalty=penalty, total=total_if_packed
   )
   fits = ((total <= num_slots) & touched_fit).astype(jnp.int32)
-  return state, penalty, stats + (fits,), slots[1]
+  return state, penalty, stats + (fits,), slots.neuron
+
+
+class SparseCarry(NamedTuple):
+  """What `SparseStep` keeps in `TrainState.backend` inside a block of epochs."""
+
+  #: The regulariser's penalty as the step reads it (`penalty_of`), or None without one.
+  penalty: Penalty | None
+  #: The task's forward cache (`forward_cache`), or None when the step computes its forward.
+  cache: forward_cache.ForwardCache | None
+
+
+class SparseStep(NamedTuple):
+  """The sparse step behind the step interface (`steps.TrainStep`), with its forward cache.
+
+  `enter` lays the state out neuron-major (`to_neuron_major_state`), the penalty as the step reads
+  it (`penalty_of`, once per block: A and m change only at task boundaries) and the forward cache:
+  the one `state.backend` holds (the task's previous block's, `keep_cache`), else an empty one when
+  the task's activations fit `cache_bytes`, else none. `exit` lays the state back out and keeps
+  the cache in `state.backend` with `keep_cache`. Exact only where `StepStats.sparse_steps` is 1
+  for every step (`step_policy.sparse_or_dense_block` redoes a block that was not).
+  """
+
+  #: The model it trains (`eligible`).
+  spec: models.ModelSpec
+  #: The optimiser it implements, and where its kernels run.
+  sgd: SparseSGD
+  #: The regulariser (`ineligibility` None), or None.
+  regularizer: regularizers.RegularizerSpec | None = None
+  #: The forward cache's byte budget for one model (0: no cache).
+  cache_bytes: int = 0
+  #: Whether `exit` keeps the cache in `state.backend` for the task's next block.
+  keep_cache: bool = False
+
+  def enter(self, state, task: steps.TaskRows):
+    """The state as the step carries it inside a block (`SparseCarry` in `state.backend`)."""
+    why = ineligibility(self.spec, optimizer="sgd", regularizer=self.regularizer)
+    if why is not None:
+      raise ValueError(f"the sparse step is not exact here: {why}")
+    carried = state.backend
+    cached = forward_cache.fits(task.x.shape[0], self.spec.neurons, self.cache_bytes)
+    if carried is not None and not cached:
+      raise ValueError("a carried forward cache needs the sparse step with a cache budget that holds the task")
+    penalty = penalty_of(state.reg) if self.regularizer is not None else None
+    cache = (
+      carried if carried is not None else (forward_cache.empty(task.x.shape[0], self.spec.neurons) if cached else None)
+    )
+    state = to_neuron_major_state(state.replace(backend=None))
+    return state.replace(backend=SparseCarry(penalty, cache))
+
+  def __call__(self, state, batch: steps.Batch):
+    """`train_step_with_penalty` on the batch, its forward from the cache when there is one."""
+    (penalty, cache), state = state.backend, state.replace(backend=None)
+    if penalty is not None:  # the row statistics are carried within an epoch only
+      fresh = (jnp.zeros_like(penalty.row_stats[0]), jnp.zeros((), bool))
+      penalty = penalty._replace(
+        row_stats=jax.tree.map(lambda f, s: jnp.where(batch.first, f, s), fresh, penalty.row_stats)
+      )
+    x = train.to_float_input(batch.x)
+    computed, activations, step_index = jnp.ones(()), None, state.step
+    if cache is not None:
+      # Outside the `lax.cond` below: a cache passed through a conditional is copied on XLA:CPU.
+      activations, cache, computed = forward_cache.activations(
+        cache,
+        state.params["hidden"]["kernel"],
+        layer_input(x, batch.valid),
+        batch.index,
+        batch.valid,
+        step_index,
+        use_kernels=self.sgd.address_kernel() == "ffi",
+      )
+
+    def step(state, penalty, activations):
+      # The penalty is carried: each step hands the next its row statistics (`Penalty`).
+      regularizer = train.member_regularizer(self.regularizer, state)
+      options = dict(spec=self.spec, sgd=self.sgd, regularizer=regularizer, activations=activations)
+      return train_step_with_penalty(state, penalty, x, batch.y, batch.valid, **options)
+
+    def skip(state, penalty, activations):
+      zeros = steps.StepStats.zeros(self.spec.neurons)[:5]
+      return state, penalty, zeros, jnp.full((self.sgd.num_slots(self.spec, x.shape[0]),), self.spec.neurons, jnp.int32)
+
+    state, penalty, stats, neurons = jax.lax.cond(batch.live, step, skip, state, penalty, activations)
+    if cache is not None:  # the rows the step moved: its slots' neurons, and a penalty's rows
+      cache = forward_cache.mark_updated(cache, neurons, step_index, None if penalty is None else penalty.rows)
+    stats = steps.StepStats(*stats, jnp.where(batch.live, computed, 0.0))
+    return state.replace(backend=SparseCarry(penalty, cache)), stats
+
+  def exit(self, state):
+    """The state laid back out, with the cache in `state.backend` when `keep_cache`."""
+    cache = state.backend.cache
+    state = to_neuron_major_state(state.replace(backend=None))
+    return state.replace(backend=cache if self.keep_cache else None)
 
 
 def layer_input(x, valid):
   """The sparse step's input to the hidden layer: ReLU and L2 norm of each example (Eq. 1), zero
   for padding (no unit fires for it, so it takes no slot)."""
   return topk.sdm_input(x.reshape(x.shape[0], -1)) * valid[:, None].astype(jnp.float32)
+
+
+class Slots(NamedTuple):
+  """A batch's active units as the selection returns them (`kernels.active_units`,
+  `_active_units`), each [S], sorted by example; padding slots have example B and neuron r."""
+
+  #: int32 [S]: the example of each active unit.
+  example: jax.Array
+  #: int32 [S]: its neuron.
+  neuron: jax.Array
+  #: float32 [S]: its output a* (Eq. 4, after the GABA switch).
+  value: jax.Array
+
+
+class SlotGradients(NamedTuple):
+  """The address update's operands per slot, in the order the CPU kernels take them (each [S])."""
+
+  #: dL/da* of each active unit.
+  gradient: jax.Array
+  #: Its neuron (the address row it moves).
+  neuron: jax.Array
+  #: Its example (the input row the gradient multiplies).
+  example: jax.Array
+
+
+class AddressUpdate(NamedTuple):
+  """What the address update returns (`_update_addresses`)."""
+
+  #: The new addresses, neuron-major [r, n].
+  addresses: jax.Array
+  #: The step size after clipping (learning rate x clip factor), for the other parameters.
+  step_size: jax.Array
+  #: The penalty's value on the addresses at the step's start (0 without one).
+  penalty_value: jax.Array | float
+  #: Whether the compact XLA path's touched rows fitted its capacity (True on the other paths).
+  fitted: jax.Array | bool
+  #: SI's new path integral w of the addresses (None without SI).
+  path_integral: jax.Array | None
+  #: The penalty's row statistics at the new addresses (`Penalty.row_stats`; None without one).
+  row_stats: tuple | None
 
 
 def _active_units(a, lam, *, spec, num_slots):
@@ -339,14 +485,14 @@ def _active_units(a, lam, *, spec, num_slots):
     example = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), spec.hidden.k)
     pad = num_slots - batch * spec.hidden.k
     slots = (jnp.pad(example, (0, pad), constant_values=batch), jnp.pad(neuron, (0, pad), constant_values=r))
-    return (*slots, jnp.pad(value, (0, pad))), jnp.sum(value > 0).astype(jnp.int32)
+    return Slots(*slots, jnp.pad(value, (0, pad))), jnp.sum(value > 0).astype(jnp.int32)
 
   def during_switch():
     bar = lam[:, None] * threshold[None, :]
     fires = a > bar  # relu(a - lambda I) > 0
     example, neuron = jnp.nonzero(fires.T, size=num_slots, fill_value=(batch, r))
     value = (a - bar).at[neuron, example].get(mode="fill", fill_value=0.0)
-    return (example.astype(jnp.int32), neuron.astype(jnp.int32), value), jnp.sum(fires).astype(jnp.int32)
+    return Slots(example.astype(jnp.int32), neuron.astype(jnp.int32), value), jnp.sum(fires).astype(jnp.int32)
 
   if spec.hidden.k_schedule != "gaba":
     return after_switch()  # Eq. 4 with a fixed k: at most k units exceed I
@@ -500,7 +646,7 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   else:
 
     def on_first(count):
-      return lambda: terms(tuple(s[:count] for s in slots))
+      return lambda: terms(Slots(*(s[:count] for s in slots)))
 
     tier = jnp.minimum(jnp.searchsorted(jnp.asarray(tiers), total), len(tiers) - 1)  # overflowed: all slots
     t = jax.lax.switch(tier, [on_first(c) for c in tiers])
@@ -513,10 +659,10 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   values_sq = jnp.sum(jnp.square(d_values))
 
   reg = state.reg
-  addresses, step_size, address_penalty, touched_fit, w, row_stats = _update_addresses(
+  update = _update_addresses(
     state.params["hidden"]["kernel"],
     x,
-    (t.d, neuron, example),
+    SlotGradients(t.d, neuron, example),
     values_sq,
     spec=spec,
     sgd=sgd,
@@ -524,11 +670,13 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
     penalty=penalty,
     si=(reg.w["hidden"]["kernel"], t.si_d) if si else None,
   )
+  addresses, step_size, touched_fit = update.addresses, update.step_size, update.fitted
   new_values = jax.nn.relu(values_kernel - step_size * d_values)
   if penalty is not None:
-    loss = loss + regularizer.strength * (penalty_sum + address_penalty)  # the penalty at the step's start
+    loss = loss + regularizer.strength * (penalty_sum + update.penalty_value)  # the penalty at the step's start
   if si:  # regularizers.si_accumulate on the output layer; the kernel did the addresses' rows
     w_values = reg.w["output"]["kernel"] - t.si_d_values * (new_values - values_kernel)
+    w = update.path_integral
     reg = reg.replace(w={**reg.w, "hidden": {**reg.w["hidden"], "kernel": w}, "output": {"kernel": w_values}})
 
   params = {
@@ -539,40 +687,38 @@ def _sparse_update(state, x, slots, y, valid, *, spec, sgd, regularizer=None, pe
   new_state = state.replace(params=params, gaba_counts=t.gaba_counts, step=state.step + 1, reg=reg)
   stats = (loss * valid.sum(), t.correct, t.activity, t.active)
   if penalty is not None:
-    penalty = penalty._replace(row_stats=row_stats)
+    penalty = penalty._replace(row_stats=update.row_stats)
   return new_state, stats, touched_fit, penalty
 
 
 def _update_addresses(addresses, x, slots, values_sq, *, spec, sgd, strength, penalty, si):
-  """The address update on the path `sgd` picks. Returns (addresses, step size, the penalty's
-  value on the addresses (0 without one), whether the compact path's rows fitted, SI's new w,
-  the penalty's row statistics at the new addresses (`Penalty.row_stats`; None without one))."""
+  """The address update on the path `sgd` picks (`slots`: `SlotGradients`), as an `AddressUpdate`."""
   update = dict(learning_rate=sgd.learning_rate, clip_norm=sgd.clip_norm)
   if sgd.address_kernel() == "ffi":
     # Every touched row, no capacity (one axpy per slot, in place): `kernels`.
     if penalty is None:
-      return (*kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None, None)
+      return AddressUpdate(*kernels.sparse_update(addresses, x, slots, values_sq, **update), 0.0, True, None, None)
     operands = (penalty.address_curvature, penalty.address_center, penalty.rows, strength)
     if si is None:
       addresses, step_size, value, stats = kernels.sparse_update_penalized(
         addresses, x, slots, values_sq, *operands, penalty.row_stats, **update
       )
-      return addresses, step_size, value, True, None, (stats, jnp.ones((), bool))
+      return AddressUpdate(addresses, step_size, value, True, None, (stats, jnp.ones((), bool)))
     addresses, step_size, value, w, stats = kernels.sparse_update_path_integral(
       addresses, x, slots, values_sq, *operands, *si, penalty.row_stats, **update
     )
-    return addresses, step_size, value, True, w, (stats, jnp.ones((), bool))
+    return AddressUpdate(addresses, step_size, value, True, w, (stats, jnp.ones((), bool)))
   if penalty is not None:  # the XLA route computes the penalty on every row each step
     addresses, step_size, value, w = _update_penalized_rows(
       addresses, x, slots, values_sq, penalty, strength, si, spec=spec, sgd=sgd
     )
-    return addresses, step_size, value, True, w, penalty.row_stats
+    return AddressUpdate(addresses, step_size, value, True, w, penalty.row_stats)
   if touched_capacity := sgd.touched_capacity(spec, x.shape[0]):
     addresses, step_size, fit = _update_touched_rows(
       addresses, x, slots, values_sq, spec=spec, sgd=sgd, touched_capacity=touched_capacity
     )
-    return addresses, step_size, 0.0, fit, None, None
-  return (*_update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd), 0.0, True, None, None)
+    return AddressUpdate(addresses, step_size, 0.0, fit, None, None)
+  return AddressUpdate(*_update_slot_rows(addresses, x, slots, values_sq, spec=spec, sgd=sgd), 0.0, True, None, None)
 
 
 def _clipped_step_size(grad_norm, sgd):

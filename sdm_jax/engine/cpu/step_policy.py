@@ -4,8 +4,8 @@ Synopsis::
 
     policy = step_policy.choose(spec, optimizer="sgd", learning_rate=0.05, clip_norm=1.0)
     tx = policy.tx()                                   # the optax chain of the dense step
-    blocks = policy.blocks(spec=spec, batch_size=128, epochs=10, seed_axis_data=False)
-    schedule = step_policy.Schedule()
+    blocks = policy.blocks(batch_size=128, epochs=10, seed_axis_data=False)   # compiled lazily
+    schedule = policy.resume(None)                     # or the dict a checkpoint saved
     for b in range(num_blocks):
       states, metrics, ran_sparse, schedule = policy.run_block(blocks, states, *task_data,
                                                                schedule=schedule, block_index=b)
@@ -29,7 +29,7 @@ budget. `run_block` tries the sparse step once the last block showed at most `ca
 units per example, keeps it while it is exact, and after a block it could not take exactly
 (more active units than its slots hold: the first epochs of a new task) redoes the block with the
 dense step from a copy of the states and waits `RETRY_BLOCKS` blocks. Its host-side state,
-`Schedule`, is saved in checkpoints (`continual.Progress`), except the forward cache it hands
+`SparseSchedule`, is saved in checkpoints (`continual.Progress`), except the forward cache it hands
 from one block of a task to the next. The sparse step's neuron-major layout lives inside its
 compiled block (`train.train_epochs`), and a resumed run starts with an empty cache, so it takes
 the same steps as the uninterrupted run (on XLA:CPU bit for bit: `forward_cache`).
@@ -54,11 +54,6 @@ from sdm_jax.engine.cpu import forward_cache, fused_dense, sparse
 #: kept from block to block; when only one model's fits, each model's lives inside its block (the
 #: models run one after another: `lax.map`); when not even that, the sparse step's forward is dense.
 DEFAULT_CACHE_BYTES = 2 << 30
-#: Regularisers whose state changes only at consolidations, so that before the first one their
-#: penalty (its value and gradient 2 lambda A (theta - m), A = 0) is exactly zero and a block may
-#: skip it: the same numbers without its passes over theta, A and m. SI accumulates its path
-#: integral every step and keeps its block.
-UNPENALIZED_METHODS = ("ewc", "mas", "l2")
 #: The forward cache pays when, after a block's first epoch (which computes every row in a task's
 #: first block), its steps computed less than this share of the activations on average; above it,
 #: the cache's own traffic (each batch's rows gathered and written back) costs about what the
@@ -91,7 +86,7 @@ class OptimizerSettings(NamedTuple):
   weight_decay: float = 0.0
 
 
-class Schedule(NamedTuple):
+class SparseSchedule(NamedTuple):
   """When `run_block` tries the sparse step (host-side bookkeeping, saved in checkpoints).
 
   started: the sparse step has run exactly at least once; active_last: the
@@ -121,6 +116,21 @@ class Schedule(NamedTuple):
   cache: forward_cache.ForwardCache | None = None
   #: The task whose next block may take over `cache`; -1 when there is none.
   cache_task: int = -1
+
+  def to_json(self) -> dict:
+    """What a checkpoint saves of it (`continual.Progress.backend`): every field but the cache."""
+    return dict(
+      started=self.started,
+      active_last=self.active_last,
+      retry_at=self.retry_at,
+      uncached_task=self.uncached_task,
+      cache_retry_at=self.cache_retry_at,
+    )
+
+  @classmethod
+  def from_json(cls, saved: dict | None) -> "SparseSchedule":
+    """The schedule a checkpoint saved (`to_json`); a fresh one for None or {}."""
+    return cls(**saved) if saved else cls()
 
 
 class Blocks(NamedTuple):
@@ -202,36 +212,42 @@ class StepPolicy(NamedTuple):
     data_repeats, mesh). `tx`: the dense step's chain if not `self.tx()` (a population's, with its
     learning rate in the optimiser state)."""
     block = functools.partial(
-      train.make_train_block,
-      spec=self.spec,
-      tx=self.tx() if tx is None else tx,
-      batch_size=batch_size,
-      epochs=epochs,
-      seed_axis_data=seed_axis_data,
-      regularizer=regularizer,
-      **options,
+      train.make_train_block, batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, **options
     )
+    dense = train.DenseStep(self.spec, self.tx() if tx is None else tx, regularizer)
     if self.sgd is None:
-      return Blocks(dense=block(), sparse=None, capacity=0)
-    fused = fused_dense.ineligibility(self.spec, regularizer) is None
-    dense_block = block(dense_step=functools.partial(fused_dense.train_step, sgd=self.sgd)) if fused else block()
-    sparse_block = block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes)
+      return Blocks(dense=block(step=dense), sparse=None, capacity=0)
+    why = sparse.ineligibility(self.spec, optimizer="sgd", regularizer=regularizer)
+    if why is not None:
+      raise ValueError(f"the sparse step is not exact here: {why}")
+    if fused_dense.ineligibility(self.spec, regularizer) is None:
+      dense = fused_dense.FusedDenseStep(self.spec, self.sgd, regularizer)
+    sparse_step = functools.partial(sparse.SparseStep, self.spec, self.sgd, regularizer)
     cached = bool(self.cache_bytes)
     blocks = Blocks(
-      dense=dense_block,
-      sparse=sparse_block,
+      dense=block(step=dense),
+      sparse=block(step=sparse_step(cache_bytes=self.cache_bytes)),
       capacity=self.sgd.capacity(self.spec),
-      uncached=block(sparse_sgd=self.sgd) if cached else None,
-      carrying=block(sparse_sgd=self.sgd, cache_bytes=self.cache_bytes, keep_cache=True) if cached else None,
+      uncached=block(step=sparse_step()) if cached else None,
+      carrying=block(step=sparse_step(cache_bytes=self.cache_bytes, keep_cache=True)) if cached else None,
     )
-    if regularizer is not None and regularizer.method in UNPENALIZED_METHODS:
+    # A method whose state changes only at consolidations (`Method.zero_until_consolidated`) has a
+    # penalty exactly zero before the first one (value and gradient 2 lambda A (theta - m), A = 0):
+    # blocks before it run without its passes over theta, A and m, with the same numbers.
+    if regularizer is not None and regularizers.method_of(regularizer).zero_until_consolidated:
       # (jit compiles lazily: a run that never trains before a consolidation never builds these.)
       unpenalized = self.blocks(batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, tx=tx, **options)
       blocks = blocks._replace(unpenalized=unpenalized)
     return blocks
 
   def run_block(
-    self, blocks: Blocks, states, *data, schedule: Schedule = Schedule(), block_index: int = 0, task: int = 0
+    self,
+    blocks: Blocks,
+    states,
+    *data,
+    schedule: SparseSchedule = SparseSchedule(),
+    block_index: int = 0,
+    task: int = 0,
   ):
     """One block of epochs on the step the schedule allows: the sparse one once the last block
     showed at most `blocks.capacity` active units per example (the GABA switch nearly done), and
@@ -261,10 +277,12 @@ class StepPolicy(NamedTuple):
       sparse_block = blocks.uncached
     carried = schedule.cache if carrying and schedule.cache_task == task else None
     schedule = schedule._replace(cache=None, cache_task=-1)  # a donated cache is gone whatever happens next
-    states, metrics, ran_sparse = run_block(
+    states, metrics, ran_sparse = sparse_or_dense_block(
       states, *data, dense_block=blocks.dense, sparse_block=sparse_block, cache=carried
     )
-    states, cache = states if isinstance(states, forward_cache.Carried) else (states, None)
+    cache = getattr(states, "backend", None)  # a carrying block's cache, else None
+    if cache is not None:
+      states = states.replace(backend=None)
     retry_at = block_index + RETRY_BLOCKS if try_sparse and not ran_sparse else schedule.retry_at
     uncached_task, cache_retry_at = schedule.uncached_task, schedule.cache_retry_at
     if ran_sparse and cached and not _cache_pays(metrics.forward_fraction):
@@ -278,6 +296,14 @@ class StepPolicy(NamedTuple):
       cache_task=task if cache is not None else -1,
     )
     return states, metrics, ran_sparse, schedule
+
+  def resume(self, saved: dict | None) -> SparseSchedule:
+    """The schedule to continue from: the one a checkpoint saved (`SparseSchedule.to_json`), or a fresh one."""
+    return SparseSchedule.from_json(saved)
+
+  def sparse_pending(self, schedule: SparseSchedule) -> bool:
+    """Whether the run may still switch to the sparse step (it has one, and has not taken it yet)."""
+    return self.sgd is not None and not schedule.started
 
   def carries(self, states, train_y) -> bool:
     """Whether every model's forward cache fits the budget, so that they can be kept between blocks:
@@ -332,20 +358,20 @@ def choose(
   return StepPolicy(spec=spec, optimizer=settings, sgd=sgd, reason=reason, cache_bytes=cache_bytes)
 
 
-def run_block(states, *data, dense_block, sparse_block=None, cache=None):
+def sparse_or_dense_block(states, *data, dense_block, sparse_block=None, cache=None):
   """One block of epochs, with the sparse step when it is exact, else the dense one.
 
   The sparse block runs on the states (with `cache`, the forward cache the task's last block
-  left, as `forward_cache.Carried`) and reports, per epoch, the fraction of
+  left, in `TrainState.backend`) and reports, per epoch, the fraction of
   steps it took exactly; if any step was not exact (an example had more active
   units than the sparse step carries), the block is redone with `dense_block`
-  from a copy of the input states. Returns (states, metrics, ran_sparse); the states are a
-  `Carried` with the block's cache when the sparse block keeps one and ran.
+  from a copy of the input states. Returns (states, metrics, ran_sparse); the states hold the
+  block's cache in `backend` when the sparse block keeps one and ran.
   """
   if sparse_block is None:
     return (*dense_block(states, *data), False)
   backup = jax.tree.map(jnp.copy, states)  # the blocks donate their input state (the cache is not copied)
-  new_states, metrics = sparse_block(states if cache is None else forward_cache.Carried(states, cache), *data)
+  new_states, metrics = sparse_block(states if cache is None else states.replace(backend=cache), *data)
   if bool(jnp.all(metrics.sparse_fraction == 1.0)):
     return new_states, metrics, True
   del new_states

@@ -3,7 +3,7 @@
 //   SdmSparseUpdate        the address update from those slots (SGD, clip, projection);
 //   SdmSparseUpdatePenalized  the same plus a quadratic penalty (EWC, MAS, SI, L2);
 //   SdmSparseUpdatePathIntegral  the penalised update plus SI's path integral w -= g_si * delta theta;
-//   SdmTopValuesAndIndices the top-m values and indices per example (layers.top_values_and_indices);
+//   SdmTopValuesAndIndices the top-m values and indices per example (topk.top_values_and_indices);
 //   SdmDenseUpdate         the DENSE step's address update: clip, SGD, projection in 3 passes;
 //   SdmCacheRows, SdmCacheWrite  the forward cache's row traffic: a batch's rows read and written back (end of file).
 //
@@ -432,7 +432,7 @@ ffi::Error UpdatePathIntegralImpl(ffi::Buffer<ffi::F32> addresses, ffi::Buffer<f
 }
 
 // Top-m values (descending) and their indices per example, from neuron-major activations
-// a [r, B] (layers.top_values_and_indices(a, m, axis=0)), in two passes over a:
+// a [r, B] (topk.top_values_and_indices(a, m, axis=0)), in two passes over a:
 // 1. the maxima of chunks of C consecutive rows, and per example the m-th largest of those
 //    maxima, t: a lower bound of the m-th largest value (the m chunks whose maxima are >= t hold
 //    m entries >= t). All SIMD across examples: the chunk maxima are merged into a sorted
