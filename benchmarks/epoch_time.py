@@ -48,7 +48,7 @@ _DATA = flags.DEFINE_enum(
   ["mnist", "random"],
   "Inputs at n = 784: MNIST task 0 (the embedded digits 0 and 1) or random pixels (other sizes are always random).",
 )
-_THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (layers.kth_largest).")
+_THRESHOLD = flags.DEFINE_string("threshold_method", "auto", "Top-K threshold implementation (topk.kth_largest).")
 _MODES = flags.DEFINE_list(
   "modes",
   ["switched", "sparse", "sparse_xla", "switching", "linear", "relu", "torch"],

@@ -36,8 +36,9 @@ import optax
 import sdm_jax
 from sdm_jax import data as data_lib
 from sdm_jax.core import centering, diagnostics
-from sdm_jax.engine import analysis
 from sdm_jax.runs import compilation_cache
+
+from experiments import studies
 
 PARTS = ("window", "grid", "probe", "frozen")
 KINDS = ("relu", "sdm", "recipe")
@@ -78,17 +79,6 @@ def head_spec(c: ml_collections.ConfigDict, name: str) -> HeadSpec:
   return HeadSpec(name=name, kind=kind, k=k, switch_epochs=switch)
 
 
-def _names(text: str) -> list[str]:
-  return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _floats(text: str, field: str) -> list[float]:
-  try:
-    return [float(t) for t in _names(text)]
-  except ValueError:
-    raise ValueError(f"config.{field} must be comma-separated numbers, got {text!r}") from None
-
-
 def validate_config(c: ml_collections.ConfigDict) -> None:
   """Raises ValueError naming the first bad field, before anything is loaded or trained."""
   for field in ("max_train_examples", "max_test_examples", "channels", "neurons", "epochs", "batch_size", "seeds"):
@@ -97,12 +87,12 @@ def validate_config(c: ml_collections.ConfigDict) -> None:
   if c.batch_size > c.max_train_examples:
     raise ValueError(f"config.batch_size={c.batch_size} exceeds config.max_train_examples={c.max_train_examples}")
   for field in ("lrs", "fashion_mnist_lrs", "grid_lrs", "probe_lrs"):
-    if any(lr <= 0 for lr in _floats(c[field], field)):
+    if any(lr <= 0 for lr in studies.comma_floats(c[field], field)):
       raise ValueError(f"config.{field} must hold learning rates > 0, got {c[field]!r}")
   for field in ("heads", "mnist_heads", "grid_heads", "probe_heads", "frozen_joint_heads"):
-    for name in _names(c[field]):
+    for name in studies.comma_names(c[field]):
       head_spec(c, name)
-  for name in _names(c.datasets):
+  for name in studies.comma_names(c.datasets):
     if name not in ("mnist", "fashion_mnist"):
       raise ValueError(f"config.datasets: {name!r} is not mnist or fashion_mnist")
 
@@ -116,12 +106,20 @@ def load(c: ml_collections.ConfigDict, name: str) -> dict:
   return data_lib.load_dataset(name, data_dir)
 
 
+def balanced_subset(labels: np.ndarray, per_class: int, seed: int, classes=None) -> np.ndarray:
+  """Sorted indices of `per_class` random examples of each class (of `classes`, default all)."""
+  rng = np.random.default_rng(seed)
+  classes = np.unique(labels) if classes is None else classes
+  picks = [rng.choice(np.flatnonzero(labels == k), per_class, replace=False) for k in classes]
+  return np.sort(np.concatenate(picks))
+
+
 def subsample(c: ml_collections.ConfigDict, ds: dict) -> dict:
   """Class-balanced train and test subsets (uint8 images [N, 28, 28], int32 labels)."""
   classes = int(ds["train_labels"].max()) + 1
   out = {}
   for split, size in (("train", c.max_train_examples), ("test", c.max_test_examples)):
-    index = analysis.balanced_subset(ds[f"{split}_labels"], per_class=size // classes, seed=c.subsample_seed)
+    index = balanced_subset(ds[f"{split}_labels"], size // classes, c.subsample_seed)
     out[f"{split}_x"] = ds[f"{split}_images"][index]
     out[f"{split}_y"] = ds[f"{split}_labels"][index].astype(np.int32)
   return out
@@ -438,20 +436,20 @@ def matching_band(rows: list[dict], c, *, dataset: str, head: str, part: str = "
 
 def window_plan(c) -> list[tuple[str, str, list[float]]]:
   plan = []
-  for dataset in _names(c.datasets):
+  for dataset in studies.comma_names(c.datasets):
     field = "lrs" if dataset == "mnist" else f"{dataset}_lrs"
-    lrs = _floats(c[field], field)
-    heads = _names(c.heads) + (_names(c.mnist_heads) if dataset == "mnist" else [])
+    lrs = studies.comma_floats(c[field], field)
+    heads = studies.comma_names(c.heads) + (studies.comma_names(c.mnist_heads) if dataset == "mnist" else [])
     plan += [(dataset, h, lrs) for h in heads]
   return plan
 
 
 def probe_plan(c) -> list[tuple[str, str, list[float]]]:
-  return [("mnist", h, _floats(c.probe_lrs, "probe_lrs")) for h in _names(c.probe_heads)]
+  return [("mnist", h, studies.comma_floats(c.probe_lrs, "probe_lrs")) for h in studies.comma_names(c.probe_heads)]
 
 
 def grid_plan(c) -> list[tuple[str, str, list[float]]]:
-  return [("mnist", h, _floats(c.grid_lrs, "grid_lrs")) for h in _names(c.grid_heads)]
+  return [("mnist", h, studies.comma_floats(c.grid_lrs, "grid_lrs")) for h in studies.comma_names(c.grid_heads)]
 
 
 def frozen_trunk(c, workdir: pathlib.Path) -> dict:
@@ -463,14 +461,14 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
 
   start = time.perf_counter()
   ds = load(c, c.frozen_stream)
-  train_index = analysis.balanced_subset(ds["train_labels"], per_class=c.frozen_train_per_class, seed=c.subsample_seed)
-  test_index = analysis.balanced_subset(ds["test_labels"], per_class=c.frozen_test_per_class, seed=c.subsample_seed)
+  train_index = balanced_subset(ds["train_labels"], c.frozen_train_per_class, c.subsample_seed)
+  test_index = balanced_subset(ds["test_labels"], c.frozen_test_per_class, c.subsample_seed)
   x, y = ds["train_images"][train_index], ds["train_labels"][train_index].astype(np.int32)
   test_x, test_y = ds["test_images"][test_index], ds["test_labels"][test_index].astype(np.int32)
   first_task = np.isin(y, (0, 1))
   seeds = list(range(c.seeds))
   out = dict(stream=c.frozen_stream, frozen=[], joint=[])
-  for source in _names(c.frozen_trunk_sources):
+  for source in studies.comma_names(c.frozen_trunk_sources):
     trunk = {}
 
     def features():
@@ -480,9 +478,7 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
           trunk_x, trunk_y = x[first_task], y[first_task]
         else:  # another dataset, i.i.d.
           other = load(c, source)
-          index = analysis.balanced_subset(
-            other["train_labels"], per_class=c.frozen_trunk_examples // 10, seed=c.subsample_seed
-          )
+          index = balanced_subset(other["train_labels"], c.frozen_trunk_examples // 10, c.subsample_seed)
           trunk_x, trunk_y = other["train_images"][index], other["train_labels"][index].astype(np.int32)
         runner = Runner(c, HeadSpec("relu", "relu", c.k, c.switch_epochs), len(trunk_y))
         tasks = [(jnp.asarray(trunk_x), jnp.asarray(trunk_y))]
@@ -494,7 +490,9 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
         trunk["mean"] = trunk["train"][first_task].mean(axis=0)  # the first task's mean: no future data
       return trunk
 
-    for lr, centred, model in itertools.product(_floats(c.frozen_lrs, "frozen_lrs"), (False, True), ("sdmlp", "relu")):
+    for lr, centred, model in itertools.product(
+      studies.comma_floats(c.frozen_lrs, "frozen_lrs"), (False, True), ("sdmlp", "relu")
+    ):
 
       def fit():
         f = features()
@@ -518,7 +516,7 @@ def frozen_trunk(c, workdir: pathlib.Path) -> dict:
     (jnp.asarray(x[np.isin(y, (2 * t, 2 * t + 1))]), jnp.asarray(y[np.isin(y, (2 * t, 2 * t + 1))])) for t in range(5)
   ]
   steps_task1 = (len(tasks[0][1]) // c.batch_size) * c.frozen_joint_epochs_per_task
-  for name in _names(c.frozen_joint_heads):
+  for name in studies.comma_names(c.frozen_joint_heads):
     head = head_spec(c, name)
     # The stream's T counts the first task's examples; the recipe's mean freezes after the first task.
     head = dataclasses.replace(head, switch_epochs=c.frozen_joint_switch_epochs, center_freeze_after=steps_task1)
@@ -707,11 +705,7 @@ def markdown(rows: list[dict], bands: list[dict], frozen: dict | None, records: 
 
 def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
   validate_config(c)
-  unknown = [p for p in parts if p not in PARTS]
-  if unknown:
-    raise ValueError(f"--parts: unknown {unknown}; known: {list(PARTS)}")
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir = studies.study_workdir(workdir, parts, PARTS)
   start = time.perf_counter()
   records = []
   if "window" in parts:
@@ -739,7 +733,7 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
   (workdir / "summary.md").write_text(markdown(rows, bands, frozen, records))
   try:
     if any(r["part"] == "window" for r in rows):
-      plot_window(rows, bands, workdir / "sdm_window.png", datasets=_names(c.datasets))
+      plot_window(rows, bands, workdir / "sdm_window.png", datasets=studies.comma_names(c.datasets))
     if any(r["part"] == "grid" for r in rows):
       plot_grid(rows, workdir / "sdm_grid.png", switch_epochs=c.switch_epochs, k=c.k)
   except ImportError:
@@ -750,7 +744,7 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
 def recipe_bands(rows: list[dict], c) -> list[dict]:
   """`matching_band` of every recipe head on every dataset it ran on."""
   recipes = {r["head"] for r in rows if r["head"].startswith("recipe")}
-  bands = [matching_band(rows, c, dataset=d, head=h) for d in _names(c.datasets) for h in sorted(recipes)]
+  bands = [matching_band(rows, c, dataset=d, head=h) for d in studies.comma_names(c.datasets) for h in sorted(recipes)]
   return [b for b in bands if any(r["dataset"] == b["dataset"] and r["head"] == b["head"] for r in rows)]
 
 

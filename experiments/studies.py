@@ -1,4 +1,5 @@
-"""The paper's studies beyond the headline tables: helpers of `experiments.ablations` and `experiments.k_frontier`.
+"""The paper's studies beyond the headline tables: helpers of `experiments.ablations` and `experiments.k_frontier`,
+and what every study binary shares (`variant_names`, `study_workdir`: `experiments.sdm_window`, `experiments.facts`).
 
 No absl flags here (the binaries define them), so tests and notebooks can import it:
 row configs, per-row summaries, markdown tables and figures.
@@ -7,6 +8,7 @@ row configs, per-row summaries, markdown tables and figures.
 from __future__ import annotations
 
 import pathlib
+from typing import Sequence
 
 import numpy as np
 
@@ -14,6 +16,44 @@ from sdm_jax.engine import metrics
 
 from experiments.configs import ablations as ablation_rows
 from experiments.configs import k_frontier as k_frontier_rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the study binaries share.
+
+
+def variant_names(variant: str, known: Sequence[str], study: str) -> list[str]:
+  """The comma-separated variants of a study config's argument ("quick", "full,tiny"); ValueError
+  naming the unknown ones and the known ones."""
+  names = [v for v in variant.split(",") if v]
+  unknown = [v for v in names if v not in known]
+  if unknown:
+    raise ValueError(f"unknown {study} variant(s) {unknown}; known: {list(known)}")
+  return names
+
+
+def comma_names(text) -> list[str]:
+  """The non-empty comma-separated names of a config string ("sdm, dense" -> ["sdm", "dense"])."""
+  return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def comma_floats(text, field: str) -> list[float]:
+  """The comma-separated numbers of config field `field`; ValueError naming the field otherwise."""
+  try:
+    return [float(t) for t in comma_names(text)]
+  except ValueError:
+    raise ValueError(f"config.{field} must be comma-separated numbers, got {text!r}") from None
+
+
+def study_workdir(workdir, parts: Sequence[str], known: Sequence[str]) -> pathlib.Path:
+  """A study's workdir, created, once every one of `parts` is `known` (ValueError naming --parts
+  otherwise, before anything is written)."""
+  unknown = [p for p in parts if p not in known]
+  if unknown:
+    raise ValueError(f"--parts: unknown {unknown}; known: {list(known)}")
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  return workdir
 
 
 # ---------------------------------------------------------------------------------------------------------

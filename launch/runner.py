@@ -433,3 +433,28 @@ def run_sweep(
     not_paper=the_plan.not_paper,
     populations=populations,
   )
+
+
+def is_sweep_file(config) -> bool:
+  """Whether a loaded config is a sweep file (its `experiment` and `axes`), not an experiment's config."""
+  return "axes" in config and "experiment" in config
+
+
+def sweep_of(argument: str, loaded, axes: list[str], name: str):
+  """The sweep the command line describes: a sweep file (with any --axis added), or an experiment
+  config with --axis flags. Raises ValueError in one line."""
+  if not is_sweep_file(loaded):
+    return from_command_line(argument, loaded, axes, name)
+  sweep = loaded
+  if axes:
+    base = _experiment_config(sweep, sweep.variant)
+    size = str(sweep.variant).partition(",")[2]
+    added = [parse_axis(text, base, size=size) for text in axes]
+    fields = [field for field, _ in (*sweep.axes, *added)]
+    twice = sorted({field for field in fields if fields.count(field) > 1})
+    if twice:
+      raise ValueError(f"--axis: {', '.join(twice)} is an axis of the sweep file already")
+    sweep.axes = (*sweep.axes, *added)
+  unchanged = not axes and tuple(map(tuple, sweep.axes)) == tuple(map(tuple, cli.load_config_file(argument).axes))
+  sweep.name = name or (sweep.get("name") if unchanged else "") or default_name([f for f, _ in sweep.axes])
+  return sweep

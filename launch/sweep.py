@@ -91,10 +91,6 @@ _HELP = ("--help", "-help", "--helpshort", "--helpfull", "--helpxml", "-h", "-?"
 _EXAMPLE = "e.g. --config=experiments/configs/split_mnist.py:sdmlp,quick --axis=model.k=5,10"
 
 
-def is_sweep_file(config) -> bool:
-  return "axes" in config and "experiment" in config
-
-
 def _parse(argv):
   """absl's flag parsing, after the checks that would otherwise end in a traceback: a --config that
   does not load, an unknown --config.FIELD. (`--help` first, whatever else the line holds.)"""
@@ -113,26 +109,6 @@ def _parse(argv):
   return app.parse_flags_with_usage(argv)
 
 
-def sweep_of(argument: str, loaded, axes: list[str], name: str):
-  """The sweep the command line describes: a sweep file (with any --axis added), or an experiment
-  config with --axis flags. Raises ValueError in one line."""
-  if not is_sweep_file(loaded):
-    return runner.from_command_line(argument, loaded, axes, name)
-  sweep = loaded
-  if axes:
-    base = runner._experiment_config(sweep, sweep.variant)
-    size = str(sweep.variant).partition(",")[2]
-    added = [runner.parse_axis(text, base, size=size) for text in axes]
-    fields = [field for field, _ in (*sweep.axes, *added)]
-    twice = sorted({field for field in fields if fields.count(field) > 1})
-    if twice:
-      raise ValueError(f"--axis: {', '.join(twice)} is an axis of the sweep file already")
-    sweep.axes = (*sweep.axes, *added)
-  unchanged = not axes and tuple(map(tuple, sweep.axes)) == tuple(map(tuple, cli.load_config_file(argument).axes))
-  sweep.name = name or (sweep.get("name") if unchanged else "") or runner.default_name([f for f, _ in sweep.axes])
-  return sweep
-
-
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --config, --axis, --workdir, ... (see --help)")
@@ -140,7 +116,7 @@ def main(argv):
     sys.exit("error: --workdir: name the folder the runs and the summary go to, e.g. --workdir=/tmp/sweep")
   argument = cli._config_argument(sys.argv, None)
   try:
-    sweep = sweep_of(argument, _CONFIG.value, _AXIS.value, _NAME.value)
+    sweep = runner.sweep_of(argument, _CONFIG.value, _AXIS.value, _NAME.value)
   except ValueError as e:
     sys.exit(f"error: {e}")
   # Before anything touches a device: with several processes every one must join first.

@@ -202,10 +202,10 @@ def test_every_command_names_a_real_module_flags_config_and_fields(page, command
     loaded = cli.load_config_file(argument)  # raises naming the file or variant
     assert cli.override_problem(argv[3:], loaded) is None, f"{page}: {command}"
     if module == "launch.sweep":
-      from launch import sweep
+      from launch import runner  # (not launch.sweep: its absl flags would clash with another binary's)
 
       axes = [a.split("=", 1)[1] for a in argv if a.startswith("--axis=")]
-      sweep.sweep_of(argument, loaded, axes, "")  # raises on a bad axis
+      runner.sweep_of(argument, loaded, axes, "")  # raises on a bad axis
 
 
 def test_the_commands_are_found():

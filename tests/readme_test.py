@@ -74,11 +74,11 @@ def test_the_readmes_sweep_is_one_population_program():
   code = (
     "import sys\n"
     "from experiments import cli\n"
-    "from launch import runner, sweep\n"
+    "from launch import runner\n"
     "argv = sys.argv[1:]\n"
     "argument = cli._config_argument(argv, None)\n"
     "axes = [a.split('=', 1)[1] for a in argv if a.startswith('--axis=')]\n"
-    "plan = runner.plan(sweep.sweep_of(argument, cli.load_config_file(argument), axes, ''))\n"
+    "plan = runner.plan(runner.sweep_of(argument, cli.load_config_file(argument), axes, ''))\n"
     "print(plan.population is not None, len(plan.runs))\n"
   )
   done = subprocess.run([sys.executable, "-c", code, *_sweep_command()], cwd=ROOT, capture_output=True, text=True)

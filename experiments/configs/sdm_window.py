@@ -36,12 +36,11 @@ Variants:
 
 import ml_collections
 
+from experiments import studies
+
 
 def get_config(variant: str = "quick") -> ml_collections.ConfigDict:
-  names = [v for v in variant.split(",") if v]
-  unknown = [v for v in names if v not in ("quick", "band", "tiny")]
-  if unknown:
-    raise ValueError(f"unknown sdm_window variant(s) {unknown}; known: ['quick', 'band', 'tiny']")
+  names = studies.variant_names(variant, ("quick", "band", "tiny"), "sdm_window")
   c = ml_collections.ConfigDict()
   c.variant = variant
   c.datasets = "mnist,fashion_mnist"

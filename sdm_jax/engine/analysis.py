@@ -293,36 +293,31 @@ def receptive_fields(kernel, activations, num: int, image_shape: Sequence[int]) 
 # Examples and activations.
 
 
-def balanced_subset(
-  labels, max_examples: int | None = None, seed: int = 0, *, per_class: int | None = None
-) -> np.ndarray:
-  """Sorted indices of a random subset of the examples, spread evenly across classes.
+def balanced_subset(labels, max_examples: int, seed: int = 0) -> np.ndarray:
+  """Sorted indices of at most `max_examples` examples, spread evenly across classes.
 
-  Give one of `per_class` and `max_examples`. `per_class`: that many examples of every class
-  (ValueError if a class has fewer). `max_examples`: at most that many in all (every example when
-  there are no more): each class gets floor(max_examples / num_classes) examples (fewer if it has
-  fewer), and the remainder goes, one each, to classes that still have examples. The choice within
-  a class is random but fixed by `seed`.
+  Each class gets floor(max_examples / num_classes) examples (fewer if it has
+  fewer); the remainder goes, one each, to classes that still have examples.
+  The choice within a class is random but fixed by `seed`.
   """
-  if (per_class is None) == (max_examples is None):
-    raise TypeError("balanced_subset: give one of max_examples and per_class")
   labels = np.asarray(labels)
-  if per_class is None and max_examples >= labels.size:
+  if max_examples >= labels.size:
     return np.arange(labels.size)
-  classes = np.unique(labels)
-  pools = [np.flatnonzero(labels == c) for c in classes]
-  if per_class is not None:
-    quota = [per_class] * len(classes)
-  else:
-    quota = [min(len(pool), max_examples // len(classes)) for pool in pools]
-    left = max_examples - sum(quota)
-    while left > 0 and any(q < len(pool) for q, pool in zip(quota, pools)):
-      for i, pool in enumerate(pools):
-        if left and quota[i] < len(pool):
-          quota[i] += 1
-          left -= 1
   rng = np.random.default_rng(seed)
-  return np.sort(np.concatenate([rng.choice(pool, q, replace=False) for pool, q in zip(pools, quota)]))
+  classes = np.unique(labels)
+  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+  quota = {c: min(len(pools[c]), max_examples // len(classes)) for c in classes}
+  left = max_examples - sum(quota.values())
+  while left > 0:
+    grew = False
+    for c in classes:
+      if left and quota[c] < len(pools[c]):
+        quota[c] += 1
+        left -= 1
+        grew = True
+    if not grew:
+      break
+  return np.sort(np.concatenate([pools[c][: quota[c]] for c in classes]))
 
 
 def seed_params(params: Mapping, index: int) -> dict:
