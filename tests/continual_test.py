@@ -386,3 +386,39 @@ def test_the_own_data_pages_regulariser_of_your_own_runs_as_written():
   result = namespace["result"]
   assert result.acc_matrix.shape == (1, 2, 2) and np.isfinite(result.final_accuracy)
   assert "sparse" in result.results["training_step"] and "halfway" not in regularizers.METHODS
+
+
+def test_a_checkpoint_of_the_older_progress_format_resumes_the_same_sparse_schedule():
+  """Checkpoints saved before `Progress.backend` hold the sparse step's schedule as five fields of
+  the progress; they restore into the backend's one field, and the new format round-trips it."""
+  from sdm_jax.engine.cpu import step_policy
+
+  older = dict(
+    blocks_done=7,
+    acc=[[[0.5, 0.0], [0.4, 0.9]]],
+    acc_task_il=[[[0.5, 0.0], [0.6, 0.9]]],
+    dead_fraction=[0.25],
+    sparse_started=True,
+    active_last=12.5,
+    sparse_retry_at=9,
+    sparse_uncached_task=1,
+    sparse_cache_retry_at=17,
+    warnings=["w"],
+  )
+  progress = continual.Progress.from_json(older)
+  want = step_policy.SparseSchedule(started=True, active_last=12.5, retry_at=9, uncached_task=1, cache_retry_at=17)
+  assert step_policy.SparseSchedule.from_json(progress.backend) == want
+  assert progress.blocks_done == 7 and progress.warnings == ["w"]
+  np.testing.assert_array_equal(progress.acc_task_il, older["acc_task_il"])
+  again = continual.Progress.from_json(progress.to_json())
+  assert again.backend == want.to_json() and "sparse_started" not in progress.to_json()
+  oldest = {k: v for k, v in older.items() if k not in ("sparse_uncached_task", "sparse_cache_retry_at")}
+  assert step_policy.SparseSchedule.from_json(continual.Progress.from_json(oldest).backend) == want._replace(
+    uncached_task=-1, cache_retry_at=0
+  )
+  assert (
+    continual.Progress.from_json(
+      {k: v for k, v in older.items() if not k.startswith("sparse") and k != "active_last"}
+    ).backend
+    == {}
+  )
