@@ -39,6 +39,12 @@ Needs the `analysis` extra, `pip install -e '.[analysis]'` (matplotlib; umap-lea
 unless --no_umap); without it `--help` still works and a run stops at once, in
 one line naming the extra.
 
+A run of a user's network (`config.model.kind = "network"`, `sdm_jax.engine.networks`): the neuron
+table and the histogram and entropy figures have a row per SDM layer ("<run> · <layer path>"; an a*
+with positions, a row per position); the readout probe, receptive fields and UMAP read the built-in
+MLP's layers, so report.md's notes name them as skipped and say why; a network without an SDM layer
+has no neuron rows, and a note.
+
 Dead neurons: one rule (the authors': a neuron is dead on a set of inputs when
 its summed activation over them is < 1e-4), measured on two sets, named apart
 in report.md: "dead in training" (the last training epoch, i.e. the last
@@ -67,7 +73,7 @@ try:  # the `analysis` extra: without it --help works, and main() says what to i
 except ImportError:
   matplotlib = plt = None
 
-from sdm_jax.engine import analysis, metrics
+from sdm_jax.engine import analysis, metrics, networks
 from sdm_jax.runs import config_fields, final_state
 from experiments import cli, schema
 
@@ -96,10 +102,23 @@ PRETTY_DATASET = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": 
 def _model_label(run: dict) -> str:
   m = run["config"]["model"]
   kind = m["kind"]
+  if kind == "network":
+    return _network_label(run)
   label = f"{PRETTY_KIND.get(kind, kind)} ({m['neurons']} neurons"
   if m.get("k_schedule", "none") != "none":
     label += f", k={m['k']}"
   return label + ")"
+
+
+def _network_label(run: dict) -> str:
+  """ "SmallCNN (sdm: 1000 neurons, k=100)": a user network's name and its SDM layers as results.json
+  records them (the config's model.neurons and model.k are the built-in MLP's, unused)."""
+  model = (run["results"] or {}).get("model") or {}
+  name = model.get("name") or run["config"]["model"]["network"].replace(":", ".").rpartition(".")[2]
+  if "sdm_layers" not in model:
+    return name
+  layers = [f"{layer['path']}: {layer['neurons']} neurons, k={layer['k']}" for layer in model["sdm_layers"]]
+  return f"{name} ({'; '.join(layers) or 'no SDM layer'})"
 
 
 def _value(value) -> str:
@@ -313,22 +332,45 @@ def plot_full_accuracy_comparison(runs: list[dict], out: pathlib.Path) -> str:
 # Neurons (final_state.npz).
 
 
+def _analysis_examples(dataset: dict, max_examples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(x [N, features], labels [N]): at most `max_examples` training examples of every task, balanced
+  over classes, the examples every neuron statistic of a run is taken on."""
+  images, labels = dataset["train_images"], np.asarray(dataset["train_labels"]).astype(np.int64)
+  keep = analysis.balanced_subset(labels, max_examples, seed=seed)
+  return images[keep].reshape(len(keep), -1), labels[keep]
+
+
+def _summaries(stats: list[analysis.NeuronStats]) -> dict:
+  """The per-seed statistics of one layer with what the table and figures read of them (entropy,
+  alive, dead on all tasks, active per example; mean ± s.e.m. over seeds)."""
+  entropies = [analysis.neuron_class_entropy(s.counts_entropy) for s in stats]
+  return dict(
+    stats=stats,
+    entropies=entropies,
+    entropy_summary=analysis.summarize_entropy(entropies),
+    alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
+    dead=analysis.mean_sem([metrics.dead_fraction(s.activity_sum) for s in stats]),
+    active=analysis.mean_sem([s.active_per_example for s in stats]),
+  )
+
+
 def compute_neurons(run: dict, *, max_examples: int, seed: int, num_fields: int, dataset: dict | None = None) -> dict:
   """Everything the neuron figures need but UMAP (`compute_umap`), per seed where cheap, seed index 0
   for the fields. A population's combination (`analysis.population_runs`) uses its own members'
-  final states and its own k and T. `dataset`: the run's data if loaded already."""
+  final states and its own k and T. `dataset`: the run's data if loaded already. A user network's
+  run: `compute_layer_neurons`."""
   config = ml_collections.ConfigDict(run["config"])
   spec = schema.model_spec(config)
+  dataset = dataset or schema.load_data(config)
+  if isinstance(spec, networks.Network):
+    return compute_layer_neurons(run, spec, dataset, max_examples=max_examples, seed=seed)
   seeds, params, gaba_counts = final_state.load(run["final_state"])[:3]
   members = run["members"] if run["members"] is not None else list(range(len(seeds)))
-  dataset = dataset or schema.load_data(config)
-  images, labels = dataset["train_images"], np.asarray(dataset["train_labels"]).astype(np.int64)
-  keep = analysis.balanced_subset(labels, max_examples, seed=seed)
-  x, y = images[keep].reshape(len(keep), -1), labels[keep]
+  x, y = _analysis_examples(dataset, max_examples, seed)
   num_classes = config.num_classes
   final_epoch = config.epochs_per_task * (num_classes // config.classes_per_task)  # k of a linear schedule
   test_x, test_y = dataset["test_images"], np.asarray(dataset["test_labels"]).astype(np.int64)
-  stats, entropies, probes = [], [], []
+  stats, probes = [], []
   for i in members:
     seed_params = analysis.seed_params(params, i)
     logging.info(f"  seed {int(seeds[i])}: {len(y)} training examples through {spec.neurons} neurons")
@@ -338,7 +380,6 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, num_fields: int,
     )
     s = analysis.statistics_of_activations([hidden], y, num_classes=num_classes, neurons=spec.neurons)
     stats.append(s)
-    entropies.append(analysis.neuron_class_entropy(s.counts_entropy))
     logging.info(f"  readout probe of seed {int(seeds[i])}: fit on {len(y)} examples, scored on {len(test_y)}")
     probes.append(
       analysis.readout_probe(
@@ -358,14 +399,9 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, num_fields: int,
   out = dict(
     spec=spec,
     seeds=[int(seeds[i]) for i in members],
-    stats=stats,
-    entropies=entropies,
     probes=probes,
     num_examples=len(y),
-    entropy_summary=analysis.summarize_entropy(entropies),
-    alive=analysis.mean_sem([analysis.alive_fraction(s.counts) for s in stats]),
-    dead=analysis.mean_sem([metrics.dead_fraction(s.activity_sum) for s in stats]),
-    active=analysis.mean_sem([s.active_per_example for s in stats]),
+    **_summaries(stats),
     kernel=np.asarray(params["hidden"]["kernel"][members[0]]),  # seed index 0's, for the fields and UMAP
     x=x,
     y=y,
@@ -376,6 +412,45 @@ def compute_neurons(run: dict, *, max_examples: int, seed: int, num_fields: int,
       out["kernel"], stats[0].counts.sum(0), min(num_fields, spec.neurons), shape
     )
   return out
+
+
+def compute_layer_neurons(run: dict, network: networks.Network, dataset: dict, *, max_examples: int, seed: int) -> dict:
+  """The neuron statistics of each SDM layer of a user network's run, per seed (its members), on the
+  same analysis examples as a built-in model's: {"network", "seeds", "num_examples", "layers"}, each
+  layer {"path", "spec", "inputs" (its kernel's), "positions", "num_examples" (its rows), "seeds",
+  and `_summaries`' fields}. No probe, fields or UMAP: they read the built-in MLP's layers
+  (`_builtin_only_notes`)."""
+  seeds, params, counters = final_state.load(run["final_state"])[:3]
+  members = run["members"] if run["members"] is not None else list(range(len(seeds)))
+  x, y = _analysis_examples(dataset, max_examples, seed)
+  num_classes = run["config"]["num_classes"]
+  per_layer = [[] for _ in network.sdm_layers]
+  for i in members:
+    logging.info(f"  seed {int(seeds[i])}: {len(y)} training examples through {network.describe()}")
+    one = analysis.seed_params(params, i), analysis.seed_params(counters, i)
+    for stats, s in zip(per_layer, analysis.layer_statistics(network, *one, x, y, num_classes=num_classes)):
+      stats.append(s)
+  used = [int(seeds[i]) for i in members]
+  layers = [
+    dict(
+      path=path,
+      spec=spec,
+      inputs=int(_at(params, path)["kernel"].shape[-2]),
+      positions=stats[0].num_examples // max(len(y), 1),
+      num_examples=stats[0].num_examples,
+      seeds=used,
+      **_summaries(stats),
+    )
+    for (path, spec), stats in zip(network.sdm_layers, per_layer)
+  ]
+  return dict(network=network, seeds=used, num_examples=len(y), layers=layers)
+
+
+def _at(tree: dict, path: str) -> dict:
+  """The sub-dict of a nested dict at a layer's path such as "head/sdm"."""
+  for part in path.split("/"):
+    tree = tree[part]
+  return tree
 
 
 def compute_umap(neurons: dict, *, seed: int) -> None:
@@ -395,6 +470,23 @@ def compute_umap(neurons: dict, *, seed: int) -> None:
   b = analysis.umap_fit_data(weights, data, seed=seed)
   neuron_class = analysis.max_activating_class(stats.max_activation, stats.argmax_label)[kept]
   neurons["umap"] = dict(a=a, b=b, labels=neurons["y"], neuron_class=neuron_class, kept=kept)
+
+
+def _neuron_rows(runs: list[dict]) -> list[dict]:
+  """The rows of the neuron table and of the histogram and entropy figures: a built-in model's run
+  itself, a user network's run once per SDM layer (labelled "<run label> · <layer path>", with that
+  layer's statistics as its "neurons")."""
+  rows = []
+  for run in runs:
+    layers = (run.get("neurons") or {}).get("layers")
+    if layers is None:
+      rows.append(run)
+      continue
+    for layer in layers:
+      per_position = f" (a row per position, {layer['positions']} per example)" if layer["positions"] > 1 else ""
+      label, name = f"{run['label']} · {layer['path']}{per_position}", f"{run['name']} · {layer['path']}"
+      rows.append(dict(run, label=label, name=name, neurons=layer))
+  return rows
 
 
 def plot_activation_histogram(runs: list[dict], out: pathlib.Path) -> str:
@@ -584,6 +676,7 @@ def _run_table(runs: list[dict]) -> list[str]:
       return _pm(*map(float, analysis.mean_sem([s[key] for s in per])), n)
 
     dead = [s["dead_fraction"] for s in res.get("per_seed", []) if s.get("dead_fraction") is not None]
+    dead = [d for d in dead if not math.isnan(d)]  # (NaN: a network without an SDM layer, no units counted)
     paper = run["config"].get("paper_final_accuracy", -1) if run["paper"] else None  # (other values: none)
     wall = res.get("wall_time_s")
     wall = f"{wall / 60:.1f} min" + (" (the whole population)" if run["values"] else "") if wall else "n/a"
@@ -657,7 +750,7 @@ def _probe_table(runs: list[dict]) -> list[str]:
   ]
   for run in runs:
     nr = run.get("neurons")
-    if nr is None:
+    if nr is None or "probes" not in nr:  # (a user network's run: `_builtin_only_notes`)
       continue
     n = len(nr["seeds"])
     head, probe, train, gap = (
@@ -709,8 +802,8 @@ def write_report(
       "the weighted mean weights each neuron by its share of all activations (paper Table 10).",
       "",
     ]
-  lines += [*_neuron_table(runs), ""]
-  if measured:
+  lines += [*_neuron_table(_neuron_rows(runs)), ""]
+  if any("probes" in r["neurons"] for r in measured):
     lines += ["## Features against the readout", "", PROBE_NOTE, "", *_probe_table(runs), ""]
   lines += [
     "Paper Table 10 for context (Split CIFAR10 on ConvMixer embeddings, 1K neurons, SGDM, 2,000 epochs "
@@ -782,15 +875,30 @@ def analyze(
         "final states were saved): activation counts, entropy, UMAP and receptive fields skipped."
       )
       continue
+    try:
+      network = _network_of(run)
+    except ValueError as e:  # (its module not importable here, e.g. not on PYTHONPATH)
+      run["neuron_note"] = "its network does not build"
+      notes.append(f"{run['name']}: neuron statistics and figures skipped: {e}")
+      continue
+    if network is not None and not network.sdm_layers:
+      run["neuron_note"] = f"{network.name} has no SDM layer"
+      notes.append(
+        f"{run['name']}: {network.name} has no SDM layer (`sdm_jax.SDM`), whose neurons the neuron statistics "
+        "and figures measure: activation counts, entropy, readout probe, UMAP and receptive fields skipped."
+      )
+      continue
     logging.info(f"{run['name']}: neuron statistics")
     if data[0] != run["workdir"]:
       data = (None, None)  # (the last workdir's freed first)
       data = (run["workdir"], schema.load_data(ml_collections.ConfigDict(run["config"])))
     run["neurons"] = compute_neurons(run, max_examples=max_examples, seed=seed, num_fields=num_fields, dataset=data[1])
+    if network is not None:
+      notes += _builtin_only_notes(run)
     if not do_umap:
-      del run["neurons"]["x"]  # (kept for UMAP only)
+      run["neurons"].pop("x", None)  # (kept for UMAP only)
   data = None  # (freed before UMAP)
-  measured = [r for r in runs if r.get("neurons")]
+  measured = [r for r in runs if r.get("neurons") and "layers" not in r["neurons"]]  # (built-in models only)
   if do_umap and measured:
     logging.info(_umap_notice(measured))
     for run in measured:
@@ -802,6 +910,30 @@ def analyze(
   report = write_report(runs, figures, notes, out, argv or [], max_examples)
   logging.info(f"wrote {len(figures)} figures and {report}")
   return report
+
+
+def _network_of(run: dict) -> networks.Network | None:
+  """A user network's run's `networks.Network` (built from its config, as the run built it); None
+  for a built-in model's."""
+  if run["config"]["model"]["kind"] != "network":
+    return None
+  return schema.model_spec(ml_collections.ConfigDict(run["config"]))
+
+
+def _builtin_only_notes(run: dict) -> list[str]:
+  """One line per figure a user network's run does without, saying why: the readout probe and the
+  receptive fields and UMAP read the built-in MLP's layers ("hidden", "output")."""
+  network = run["neurons"]["network"]
+  inputs = ", ".join(
+    f"'{layer['path']}' reads the {layer['inputs']} features the network hands it" for layer in run["neurons"]["layers"]
+  )
+  plural = "s" if len(run["neurons"]["layers"]) > 1 else ""
+  return [
+    f"{run['name']}: readout probe skipped: it reads the built-in MLP's hidden layer and output head "
+    f"(`analysis.readout_probe`); {network.name} is a user network with a head of its own.",
+    f"{run['name']}: receptive fields and UMAP skipped: they read the built-in MLP's pixel-reading hidden "
+    f"layer; {network.name}'s SDM layer{plural} {inputs}.",
+  ]
 
 
 # A rough scale for the notice: UMAP's two fits per run on 10,000 analysis examples, on 2 CPU cores.
@@ -871,8 +1003,14 @@ def _curve_figures(runs: list[dict], out: pathlib.Path, notes: list[str]) -> lis
         )
 
   curved = [r for r in runs if r["rows"]]
-  if curved:
-    f = plot_dead_neurons(curved, out)
+  counted = [r for r in curved if not np.all(np.isnan(r["curves"].mean["dead_fraction"]))]
+  for run in (r for r in curved if r not in counted):
+    notes.append(
+      f"{run['name']}: left out of dead_neurons.png: its metrics.csv has no dead-neuron values (they count "
+      "SDM units, and a network without an SDM layer has none)."
+    )
+  if counted:
+    f = plot_dead_neurons(counted, out)
     figures.append(
       (
         f,
@@ -882,7 +1020,7 @@ def _curve_figures(runs: list[dict], out: pathlib.Path, notes: list[str]) -> lis
         + "; ".join(
           f"{r['label']} {100 * r['curves'].mean['dead_fraction'][-1]:.1f}% dead, "
           f"{r['curves'].mean['active_per_example'][-1]:.1f} active/example"
-          for r in curved
+          for r in counted
         )
         + ".",
       )
@@ -904,7 +1042,7 @@ def _curve_figures(runs: list[dict], out: pathlib.Path, notes: list[str]) -> lis
 def _neuron_figures(runs: list[dict], out: pathlib.Path, notes: list[str], seed: int) -> list[tuple[str, str]]:
   """From the final states: activation histogram, neuron entropy, receptive fields, UMAP."""
   figures: list[tuple[str, str]] = []
-  measured = [r for r in runs if r.get("neurons")]
+  measured = [r for r in _neuron_rows(runs) if r.get("neurons")]
   if measured:
     f = plot_activation_histogram(measured, out)
     figures.append(
@@ -930,7 +1068,7 @@ def _neuron_figures(runs: list[dict], out: pathlib.Path, notes: list[str], seed:
         + ".",
       )
     )
-  for run in measured:
+  for run in [r for r in runs if r.get("neurons")]:
     if "fields" in run["neurons"]:
       f = plot_receptive_fields(run, out)
       figures.append(

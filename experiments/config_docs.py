@@ -73,7 +73,7 @@ FIELDS: dict[str, str] = {
   "model.kind": (
     "`sdmlp` (the SDM layer: Top-K, GABA switch, unit-norm non-negative addresses), `relu` (the "
     "ReLU MLP, needs `k_schedule='none'`), `topk` (the Top-K MLP) or `flymodel` (the FlyModel, "
-    "closed form, one pass per task)."
+    "closed form, one pass per task) or `network` (your NNX network, named by `network`)."
   ),
   "model.input_size": "Input features (784 for MNIST pixels; must match the dataset's).",
   "model.num_classes": "Outputs of the one shared head (equals `num_classes`).",
@@ -111,6 +111,16 @@ FIELDS: dict[str, str] = {
     "How the k-th largest activation is found; every method gives the same value (`auto` picks by k and backend)."
   ),
   "model.n_response": "FlyModel only: inputs per Kenyon cell (Table 7's k column for FlyModel rows).",
+  "model.network": (
+    "`kind='network'` only: your NNX network by import path, `package.module:Name` (a class or a "
+    "function), called as `Name(**network_args, rngs=rngs)` once per seed, `network_args` being a "
+    "section of keyword arguments your config sets (`launch.sweep` varies them as separate programs); "
+    "it takes the dataset's examples (float32 in [0, 1] for pixels) and returns logits [batch, num_classes]."
+  ),
+  "model.network_values": (
+    "The network's value layers that the SDM constraint keeps >= 0 (a path such as `out`; empty: none). "
+    "Its SDM layers' addresses are constrained anyway."
+  ),
   # ---- the optimiser
   "optimizer.name": (
     "The optimiser. Plain SGD is the paper's for continual learning; the lazy ones freeze the "

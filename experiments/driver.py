@@ -51,7 +51,7 @@ import numpy as np
 
 from sdm_jax.core import placement
 from sdm_jax.runs import mesh as mesh_lib
-from sdm_jax.engine import continual, flymodel, metrics, pretrained, train
+from sdm_jax.engine import continual, flymodel, metrics, networks, pretrained, train
 from sdm_jax.runs import checkpoint, compilation_cache, final_state, metric_writers
 from sdm_jax.runs import workdir as workdir_lib
 from experiments import schema
@@ -475,10 +475,14 @@ def _run_line(config, spec, tasks: continual.Tasks, values: list[dict] | None) -
     if values
     else ""
   )
+  model = (
+    f"network {spec.describe()}"
+    if isinstance(spec, networks.Network)
+    else f"{config.model.kind} r={spec.neurons} {shown('model.k', 'k', spec.hidden.k)} ({spec.hidden.k_schedule})"
+  )
   return (
     f"sdm_jax: {config.dataset} ({tasks.source}{_lossy_note(tasks)}), {tasks.num_tasks} tasks x "
-    f"{config.epochs_per_task} epochs, model {config.model.kind} r={spec.neurons} "
-    f"{shown('model.k', 'k', spec.hidden.k)} ({spec.hidden.k_schedule}), optimizer {config.optimizer.name} "
+    f"{config.epochs_per_task} epochs, model {model}, optimizer {config.optimizer.name} "
     f"{shown('optimizer.learning_rate', 'lr', config.optimizer.learning_rate)}, seeds {list(config.seeds)}, "
     f"{population}backend {placement.platform()}"
   )
@@ -675,6 +679,22 @@ def run_flymodel(
   return results
 
 
+def _model_fields(config, spec) -> dict:
+  """results.json's model: r, k and schedule of the built-in MLPs; a network's name, import path,
+  arguments and SDM layers."""
+  if isinstance(spec, networks.Network):
+    layers = [dict(path=path, neurons=s.neurons, k=s.k, k_schedule=s.k_schedule) for path, s in spec.sdm_layers]
+    args = config.model.network_args.to_dict()
+    return dict(
+      name=spec.name, network=config.model.network, network_args=args, sdm_layers=layers, neurons=spec.neurons
+    )
+  return dict(
+    neurons=config.model.neurons,
+    k=spec.hidden.k if spec else None,
+    k_schedule=spec.hidden.k_schedule if spec else None,
+  )
+
+
 def _results(
   config,
   spec,
@@ -708,9 +728,7 @@ def _results(
     pretrained=str(pretrained.resolve(config.pretrained)) if config.get("pretrained") else None,
     model=dict(
       kind=config.model.kind,
-      neurons=config.model.neurons,
-      k=spec.hidden.k if spec else None,
-      k_schedule=spec.hidden.k_schedule if spec else None,
+      **_model_fields(config, spec),
       n_response=config.model.get("n_response") if config.model.kind == "flymodel" else None,
       regularizer=config.regularizer.method if config.get("regularizer") else "none",
     ),

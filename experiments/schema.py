@@ -10,6 +10,7 @@ config before anything is written or compiled, naming the field
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 from sdm_jax import data as data_lib
 from sdm_jax.core import sdm_layer
 from sdm_jax.runs import config_fields, mesh as mesh_lib
-from sdm_jax.engine import continual, models, optimizers, regularizers, validation
+from sdm_jax.engine import continual, models, networks, optimizers, regularizers, validation
 from sdm_jax.engine.cpu import step_policy
 from sdm_jax.data import embeddings
 
@@ -35,7 +36,18 @@ DATASETS = {
   "imagenet32": 3072,
   "embeddings": None,
 }
-MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel")
+# "network": a user's NNX network named by import path (`model.network`, with `model.network_args`).
+MODEL_KINDS = ("sdmlp", "relu", "topk", "flymodel", "network")
+# One example's shape as each dataset stores it (what a network named by `model.network` is handed);
+# embeddings: (model.input_size,).
+INPUT_SHAPES = {
+  "mnist": (28, 28),
+  "fashion_mnist": (28, 28),
+  "cifar10": (32, 32, 3),
+  "cifar10_jpeg": (32, 32, 3),
+  "cifar100": (32, 32, 3),
+  "imagenet32": (32, 32, 3),
+}
 # ordinal: every seed the order 0..C-1; by_seed: each seed its legacy-numpy order; reference: the same but
 # seed 0 means ordinal, so seeds (0, 3, 15, 27, 97) are the reference's five Split CIFAR-10 orders.
 CLASS_ORDERS = ("ordinal", "by_seed", "reference")
@@ -120,13 +132,17 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
     _fail(
       "model.gaba_switch_epochs", f"must be >= 0 (0: use model.gaba_switch_activations), got {m.gaba_switch_epochs}"
     )
+  if m.get("gaba_switch_epochs", 0.0) > 0 and m.kind == "network":
+    _fail("model.gaba_switch_epochs", "a network's SDM layers take their own T: set it in model.network_args")
   if m.get("gaba_switch_epochs", 0.0) > 0 and (m.kind == "flymodel" or m.k_schedule != "gaba"):
     _fail(
       "model.gaba_switch_epochs",
       f"applies to the GABA switch only (model.k_schedule = 'gaba'), "
       f"not to model {m.kind!r} with k_schedule {m.k_schedule!r}",
     )
-  if m.kind != "flymodel":
+  if m.kind == "network":
+    _validate_network(config)
+  elif m.kind != "flymodel":
     if (m.kind == "relu") != (m.k_schedule == "none"):
       _fail(
         "model.k_schedule",
@@ -135,6 +151,63 @@ def _validate_model(config: ml_collections.ConfigDict) -> None:
         + f", got {m.k_schedule!r} (model.kind 'relu' is the plain ReLU layer)",
       )
     model_spec(config)  # the specs' own rules (1 <= k < neurons, known schedules, ...), named as config fields
+
+
+def _validate_network(config: ml_collections.ConfigDict) -> None:
+  """A network named by import path: it imports, builds with its arguments, takes the dataset's
+  examples and returns `num_classes` logits; the optimiser reads no built-in layer names."""
+  net = model_spec(config)
+  if net.num_classes != config.num_classes:
+    _fail(
+      "model.network", f"{net.name} returns {net.num_classes} logits; the run has num_classes = {config.num_classes}"
+    )
+  if config.optimizer.name.startswith("lazy_"):
+    _fail(
+      "optimizer.name",
+      f"{config.optimizer.name!r} reads the built-in models' 'hidden' and 'output' layers; a network trains with "
+      f"{config.optimizer.name[5:]!r}",
+    )
+
+
+def import_network(path: str):
+  """The object at an import path, 'package.module:Name' or 'package.module.Name' (as big_vision names
+  its models); ValueError naming `model.network` when it does not import."""
+  module_name, sep, attr = path.partition(":")
+  if not sep:
+    module_name, _, attr = path.rpartition(".")
+  if not module_name or not attr:
+    _fail("model.network", f"must be an import path such as 'mypackage.nets:MyNet', got {path!r}")
+  try:
+    found = importlib.import_module(module_name)
+  except ImportError as e:
+    _fail("model.network", f"cannot import {module_name!r} ({e}); is its folder on PYTHONPATH?")
+  for part in attr.split("."):
+    if not hasattr(found, part):
+      _fail("model.network", f"{module_name!r} has no {attr!r}")
+    found = getattr(found, part)
+  if not callable(found):
+    _fail("model.network", f"{path!r} is not callable: name a class or function that takes rngs=")
+  return found
+
+
+def network_of(config: ml_collections.ConfigDict):
+  """The run's `networks.Network`: `model.network(**model.network_args, rngs=rngs)` per seed, handed
+  the dataset's examples (`INPUT_SHAPES`; embeddings: [model.input_size]); `model.network_values`
+  the value layers the SDM constraint keeps >= 0."""
+  m = config.model
+  build = import_network(m.get("network", ""))
+  args = dict((m.get("network_args") or ml_collections.ConfigDict()).to_dict())
+  values = m.get("network_values", "") or None
+  shape = INPUT_SHAPES.get(config.dataset, (m.input_size,))
+  try:
+    return networks.network(
+      lambda rngs: build(**args, rngs=rngs),
+      input_shape=shape,
+      name=m.network.replace(":", ".").rpartition(".")[2],
+      values=values,
+    )
+  except (networks.NetworkError, TypeError, ValueError) as e:
+    _fail("model.network", f"{m.network} with model.network_args {args}: {str(e).removeprefix('model: ')}")
 
 
 # The config's names of the specs' fields, where they differ (`model_spec`).
@@ -205,8 +278,8 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
       f"experiments.pretrain --config=experiments/configs/pretrain.py:{config.pretrain_variant} "
       "--workdir=DIR` and pass --config.pretrained=DIR (or --config.pretrain_variant='' for no pretraining)",
     )
-  if config.get("pretrained") and m.kind == "flymodel":
-    _fail("pretrained", "the FlyModel has no learned hidden layer to pretrain")
+  if config.get("pretrained") and m.kind in ("flymodel", "network"):
+    _fail("pretrained", f"starts the built-in MLPs from a pretrain's hidden layer, not model.kind {m.kind!r}")
   if config.get("pretrained_index", 0) < 0:
     _fail("pretrained_index", f"must be >= 0, got {config.pretrained_index}")
 
@@ -289,6 +362,8 @@ def _validate_population_field(config, field: str, where: str, values) -> None:
   m = config.model
   if m.kind == "flymodel":
     _fail(where, "the FlyModel has no learned hidden layer or optimiser to vary in a population")
+  if m.kind == "network" and field.startswith("model."):
+    _fail(where, "a network's layers fix k and T: vary them as model.network_args through launch/ (separate programs)")
   if field == "optimizer.learning_rate":
     if not all(v > 0 for v in values):
       _fail(where, f"learning rates must be > 0, got {tuple(values)}")
@@ -319,10 +394,13 @@ def _validate_population_field(config, field: str, where: str, values) -> None:
     _fail(where, f"values must be in [{low:g}, {high:g}], got {tuple(values)}")
 
 
-def model_spec(config: ml_collections.ConfigDict) -> models.ModelSpec:
-  """The run's `models.ModelSpec` from `config.model` (every field honoured, for every kind but the
-  FlyModel, which has its own); a bad field raises ValueError naming it as config.model.<field>."""
+def model_spec(config: ml_collections.ConfigDict):
+  """The run's model from `config.model`: a `models.ModelSpec` (every field honoured, for every kind
+  but the FlyModel, which has its own), or for kind "network" a `networks.Network` (`network_of`); a
+  bad field raises ValueError naming it as config.model.<field>."""
   m = config.model
+  if m.kind == "network":
+    return network_of(config)
   population_k = _population_values(config, "model.k")
   try:
     hidden = sdm_layer.SDMSpec(
@@ -421,6 +499,12 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   if config.get("validation_fraction", 0.0) > 0:  # choose on held-out training data, never the test set
     dataset = data_lib.hold_out_validation(dataset, config.validation_fraction)
   features = int(np.prod(dataset["train_images"].shape[1:]))
+  shape = tuple(dataset["train_images"].shape[1:])
+  if config.model.kind == "network" and shape != INPUT_SHAPES.get(config.dataset, (config.model.input_size,)):
+    _fail(
+      "model.network",
+      f"is built for examples of shape {INPUT_SHAPES.get(config.dataset)}; {config.dataset}'s are {shape}",
+    )
   if features != config.model.input_size:
     _fail(
       "model.input_size",

@@ -8,13 +8,16 @@ import subprocess
 import sys
 import types
 
+from flax import nnx
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
+import sdm_jax
 from experiments.configs import split_mnist
 from sdm_jax import data as datasets
-from sdm_jax.engine import analysis, continual, metrics, models
+from sdm_jax.engine import analysis, continual, metrics, models, networks
 from sdm_jax.runs import final_state
 from experiments import schema
 
@@ -583,3 +586,122 @@ def test_analyze_says_umap_is_next_and_how_to_skip_it_before_it_starts(tmp_path,
   notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("UMAP next:")]
   assert said_before == [True, True] and len(notices) == 1
   assert "2 fits on 100 examples for each of 1 run, about " in notices[0] and "--no_umap skips it" in notices[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# experiments.analyze on a run of a user's network.
+
+
+class TwoSDMNet(nnx.Module):
+  """A user's network with two SDM layers: "patches" on each quarter of the 16 features (a* [B, 4, 12],
+  a row per position) and "head" on what they give (a* [B, 24]), then a readout."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.patches = sdm_jax.SDM(4, 12, k=3, k_schedule="flat", rngs=rngs)
+    self.head = sdm_jax.SDM(48, 24, k=4, switch_activations=200.0, rngs=rngs)
+    self.out = nnx.Linear(24, 10, use_bias=False, rngs=rngs)
+
+  def __call__(self, x):
+    patches = self.patches(x.reshape(len(x), 4, 4))
+    return self.out(self.head(patches.reshape(len(x), -1)))
+
+
+class ReluNet(nnx.Module):
+  """A user's network without an SDM layer."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.hidden = nnx.Linear(16, 20, rngs=rngs)
+    self.out = nnx.Linear(20, 10, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(nnx.relu(self.hidden(x)))
+
+
+@pytest.mark.slow  # (compiles the network's passes)
+def test_layer_statistics_read_each_sdm_layer_with_a_row_per_position():
+  """`analysis.layer_statistics` of a user network: per SDM layer, the counts of its a* (evaluation
+  mode) with each position a row labelled with its example's class, batch after batch."""
+  network = networks.network(lambda rngs: TwoSDMNet(rngs=rngs), input_shape=(16,))
+  params, counters = network.init(jax.random.key(0))
+  rng = np.random.default_rng(0)
+  x, y = rng.random((50, 16)).astype(np.float32), rng.integers(0, 10, 50)
+  stats = analysis.layer_statistics(network, params, counters, x, y, num_classes=10, batch_size=16)
+  assert [s.num_examples for s in stats] == [50, 200]  # head [B, 24]; patches [B, 4, 12]
+  for s, a_star in zip(stats, jax.jit(network.layer_activations)(params, counters, x)):
+    a_star = np.asarray(a_star)
+    rows = a_star.reshape(-1, a_star.shape[-1])
+    labels = np.repeat(y, len(rows) // 50)
+    np.testing.assert_array_equal(s.counts, analysis.activation_counts(rows, labels, 10))
+    np.testing.assert_allclose(s.activity_sum, rows.sum(0), rtol=1e-5)
+    assert s.active_per_example == pytest.approx((rows != 0).sum() / len(rows))
+  assert analysis.layer_positions(network, params, counters) == (1, 4)
+
+
+def _network_run(tmp_path, network: str, workdir: str):
+  """A tiny run of this module's `network` (by import path) on `_embedding_file`'s features, 2 seeds."""
+  from experiments import driver
+
+  config = split_mnist.get_config("cnn_sdm,tiny")
+  config.dataset, config.data_dir, config.model.input_size = "embeddings", str(tmp_path / "data.npz"), 16
+  config.model.network = f"analysis_test:{network}"
+  config.model.network_args = ml_collections.ConfigDict()
+  config.model.network_values = "out" if network == "TwoSDMNet" else ""
+  config.batch_size, config.epochs_per_task, config.eval_every, config.seeds = 8, 1, 1, (0, 1)
+  if not (tmp_path / "data.npz").exists():
+    _embedding_file(tmp_path / "data.npz")
+  driver.train_and_evaluate(config, tmp_path / workdir)
+  return tmp_path / workdir
+
+
+@pytest.mark.slow
+def test_analyze_reports_each_sdm_layer_of_a_user_network_and_names_the_figures_it_skips(tmp_path, saved_figures):
+  """`analyze` stopped at a KeyError on a user network's run (it read the built-in MLP's "hidden"
+  layer). Now each SDM layer is a row of the neuron table and of the histogram and entropy figures,
+  its alive fraction that of the layer's a* on the same analysis examples; a network without an SDM
+  layer gets a note and no row; the figures that read the built-in MLP are named as skipped, with why."""
+  pytest.importorskip("matplotlib")
+  from experiments import analyze
+
+  sdm, relu = _network_run(tmp_path, "TwoSDMNet", "sdm"), _network_run(tmp_path, "ReluNet", "relu")
+  report = analyze.analyze([str(sdm), str(relu)], tmp_path / "out", max_examples=300, do_umap=False).read_text()
+
+  rows = {r["run"]: r for r in _table(report, "| run | weighted mean entropy")}
+  assert list(rows) == ["sdm · head", "sdm · patches", "relu"]  # (`Network.sdm_layers` order)
+  assert rows["relu"]["weighted mean entropy (nats)"] == "skipped: ReluNet has no SDM layer"
+  assert rows["sdm · patches"]["neurons that fire (> 0.001)"].endswith("/ 12")
+  assert rows["sdm · head"]["neurons that fire (> 0.001)"].endswith("/ 24")
+  # Independently: each seed's layer a* on the same 300 examples (`layer_activations`), alive = fired once.
+  network = schema.model_spec(ml_collections.ConfigDict(json.loads((sdm / "config.json").read_text())))
+  seeds, params, counters = final_state.load(sdm / "final_state.npz")[:3]
+  dataset = datasets.load_embeddings(tmp_path / "data.npz")
+  keep = analysis.balanced_subset(np.asarray(dataset["train_labels"]), 300, seed=0)
+  x = jax.numpy.asarray(dataset["train_images"][keep], np.float32)
+  for layer, (path, _) in enumerate(network.sdm_layers):
+    alive = []
+    for i in range(len(seeds)):
+      one = [jax.tree.map(lambda a: a[i], tree) for tree in (params, counters)]
+      a_star = np.asarray(jax.jit(network.layer_activations)(*one, x)[layer])
+      alive.append(np.mean((a_star != 0).reshape(-1, a_star.shape[-1]).any(0)))
+    cell = rows[f"sdm · {path}"]["alive (≥ 1 activation ≠ 0)"]
+    assert cell == f"{100 * np.mean(alive):.1f} ± {100 * np.std(alive, ddof=1) / np.sqrt(2):.1f}%", path
+  assert rows["sdm · patches"]["active neurons per example"].startswith("3.0 ")  # k=3 of 12 at each position
+
+  legend = [t.get_text() for t in saved_figures["activation_count_histogram.png"].axes[0].get_legend().get_texts()]
+  label = "TwoSDMNet (head: 24 neurons, k=4; patches: 12 neurons, k=3)"
+  assert [t.rpartition(": ")[0] for t in legend] == [
+    f"{label} · head",
+    f"{label} · patches (a row per position, 4 per example)",
+  ]
+  assert len(saved_figures["neuron_entropy.png"].axes) == 2
+  notes = report.split("## Notes")[1].split("\n## ")[0]
+  assert "- sdm: readout probe skipped: it reads the built-in MLP's hidden layer and output head" in notes
+  assert (
+    "- sdm: receptive fields and UMAP skipped: they read the built-in MLP's pixel-reading hidden layer; "
+    "TwoSDMNet's SDM layers 'head' reads the 48 features the network hands it, 'patches' reads the 4" in notes
+  )
+  assert "- relu: ReluNet has no SDM layer (`sdm_jax.SDM`)" in notes
+  assert "- relu: left out of dead_neurons.png" in notes
+  dead_legend = saved_figures["dead_neurons.png"].axes[0].get_legend().get_texts()
+  assert [t.get_text().startswith("TwoSDMNet") for t in dead_legend] == [True]
+  assert _table(report, "| run | model |")[1]["dead in training (last epoch)"] == "n/a"  # (NaN: no unit counted)
+  assert "## Features against the readout" not in report and not list((tmp_path / "out").glob("*_receptive_fields.png"))

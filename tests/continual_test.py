@@ -190,7 +190,10 @@ FIT_REFUSALS = {
     dict(epochs_per_task=10**12),
     r"epochs_per_task: .* beyond the range of the epoch counter",
   ),
-  "unknown model": (dict(model="mlp"), r"model: must be a models\.ModelSpec or one of"),
+  "unknown model": (
+    dict(model="mlp"),
+    r"model: must be an NNX module, a function of nnx\.Rngs, a models\.ModelSpec or one of",
+  ),
   "a ModelSpec for other inputs": (dict(model=models.sdmlp(784, 20, 4)), r"model: input_size 784 does not match the 3"),
   "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be an optax.GradientTransformation or one of"),
   "learning_rate with an optax optimizer": (

@@ -6,7 +6,7 @@ import pytest
 
 from launch import runner as sweep_lib
 from launch.configs import split_mnist as sweeps
-from experiments import driver, schema
+from experiments import cli, driver, schema
 
 
 def test_expand_is_the_product_of_the_axes():
@@ -81,3 +81,16 @@ def test_interrupted_sweep_reruns_only_the_missing_runs(tmp_path, monkeypatch):
   assert calls == ["variant=relu-tiny__neurons=64"]
   with pytest.raises(ValueError, match="--only: no run named"):
     sweep_lib.run_sweep(config, tmp_path, only=["variant=mlp"])
+
+
+def test_a_network_row_sweeps_its_arguments_as_runs_and_its_numbers_as_one_population():
+  """A network's constructor arguments change the program: one run each; a regulariser's strength
+  and the learning rate do not: one population program."""
+  argument = "experiments/configs/split_mnist.py:cnn_sdm_ewc,tiny"
+  loaded = cli.load_config_file(argument)
+  by_args = sweep_lib.plan(sweep_lib.from_command_line(argument, loaded, ["model.network_args.k=50,100"]))
+  assert by_args.population is None and len(by_args.runs) == 2
+  assert sorted(c.model.network_args.k for c in by_args.runs.values()) == [50, 100]
+  numbers = ["regularizer.strength=100,1000", "optimizer.learning_rate=0.02,0.05"]
+  by_numbers = sweep_lib.plan(sweep_lib.from_command_line(argument, loaded, numbers))
+  assert by_numbers.population is not None and "one population program" in by_numbers.how

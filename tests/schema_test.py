@@ -6,7 +6,7 @@ import pytest
 
 from experiments import schema
 from experiments.configs import split_fashion_mnist, split_mnist
-from sdm_jax.engine import fit, models, regularizers
+from sdm_jax.engine import fit, models, networks, regularizers
 
 
 @pytest.mark.parametrize("variant", split_mnist.VARIANTS)
@@ -122,3 +122,43 @@ def test_the_config_and_fit_refuse_with_the_same_rule(name, config_fields, fit_a
   assert from_config.startswith(f"config.{name}: ")
   assert from_fit.startswith(name.split(".")[-1] + ": ")
   assert from_config.split(": ", 1)[1] == from_fit.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("variant", split_mnist.NETWORK_ROWS)
+def test_a_network_row_names_its_network_by_import_path_and_becomes_a_network(variant):
+  config = split_mnist.get_config(f"{variant},tiny")
+  schema.validate_config(config)
+  net = schema.model_spec(config)
+  assert isinstance(net, networks.Network) and net.name == "SmallCNN" and net.num_classes == 10
+  assert net.input_shape == (28, 28)  # MNIST's examples as the dataset stores them
+  assert [path for path, _ in net.sdm_layers] == (["sdm"] if variant.startswith("cnn_sdm") else [])
+  assert schema.step_policy_of(config, net).describe().startswith("dense (SmallCNN is a user network")
+
+
+NETWORK_REFUSALS = {
+  "no such module": (dict(network="no_such_module:Net"), "model.network", "cannot import 'no_such_module'"),
+  "no such name": (dict(network="experiments.networks:Nope"), "model.network", "has no 'Nope'"),
+  "not an import path": (dict(network="SmallCNN"), "model.network", "must be an import path"),
+  "bad arguments": (dict(network_args=dict(head="gru")), "model.network", "head must be one of"),
+  "another number of classes": (dict(network_args=dict(num_classes=7)), "model.network", "returns 7 logits"),
+  "a population of k": (dict(population_k=(5, 10)), "population.model.k", "a network's layers fix k and T"),
+  "a lazy optimiser": (dict(optimizer="lazy_sgdm"), "optimizer.name", "reads the built-in models' 'hidden'"),
+  "gaba_switch_epochs": (dict(gaba_switch_epochs=2.0), "model.gaba_switch_epochs", "take their own T"),
+}
+
+
+@pytest.mark.parametrize("case", NETWORK_REFUSALS, ids=list(NETWORK_REFUSALS))
+def test_a_bad_network_config_is_refused_naming_the_field(case):
+  changes, field, message = NETWORK_REFUSALS[case]
+  config = split_mnist.get_config("cnn_sdm,tiny")
+  for name, value in changes.items():
+    if name == "network_args":
+      config.model.network_args.update(value)
+    elif name == "population_k":
+      config.population.model.k = value
+    elif name == "optimizer":
+      config.optimizer.name = value
+    else:
+      config.model[name] = value
+  with pytest.raises(ValueError, match=f"^config.{field}: .*{message}"):
+    schema.validate_config(config)

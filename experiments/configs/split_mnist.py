@@ -108,6 +108,15 @@ ROWS = {
   "oracle": dict(kind="relu", neurons=1_000, oracle=True),
   "oracle_10k": dict(kind="relu", neurons=10_000, oracle=True),
 }
+# Not in the paper: the SDM layer guide's small CNN (experiments/networks.py:SmallCNN) through the same
+# protocol, with its SDM head or a ReLU head of the same width, alone or with the sdmlp_ewc row's EWC.
+_CNN_EWC = dict(method="ewc", strength=200.0, beta=0.005)
+NETWORK_ROWS = {
+  "cnn_sdm": dict(head="sdm"),
+  "cnn_relu": dict(head="relu"),
+  "cnn_sdm_ewc": dict(head="sdm", regularizer=_CNN_EWC),
+  "cnn_relu_ewc": dict(head="relu", regularizer=_CNN_EWC),
+}
 VARIANTS = tuple(ROWS)
 TABLE_SEEDS = (0, 1, 2)  # `experiments.reproduce`'s seeds for a published-settings row
 TUNED_SEEDS = (3, 4, 5)  # and for a tuned row: fresh, as the search used seed 0
@@ -194,6 +203,11 @@ def base_config() -> ml_collections.ConfigDict:
   config.model.dropout = 0.0
   config.model.threshold_method = "auto"
   config.model.n_response = 32  # FlyModel only: inputs per Kenyon cell
+  # kind "network": your NNX network, by import path, called as network(**network_args, rngs=rngs) per
+  # seed (sdm_jax/engine/networks.py; the rows of NETWORK_ROWS name experiments/networks.py:SmallCNN).
+  config.model.network = ""
+  config.model.network_args = ml_collections.ConfigDict()
+  config.model.network_values = ""  # the value layers the SDM constraint keeps >= 0, e.g. "out"
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "sgd"
@@ -242,7 +256,9 @@ def parse_variant(arg: str, rows, sizes) -> tuple[str, str]:
 
 def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
   """`VARIANT[,SIZE]`: a row of Table 7 (see ROWS) and full | quick | small | tiny (SIZES)."""
-  variant, size = parse_variant(arg, ROWS, SIZES)
+  variant, size = parse_variant(arg, {**ROWS, **NETWORK_ROWS}, SIZES)
+  if variant in NETWORK_ROWS:
+    return network_config(variant, size)
   row = ROWS[variant]
   config = base_config()
   m = config.model
@@ -282,6 +298,25 @@ def get_config(arg: str = "sdmlp") -> ml_collections.ConfigDict:
     config.classes_per_task = config.num_classes
     config.epochs_per_task = ORACLE_EPOCHS[size]
     config.eval_every = EVAL_EVERY[size]
+  return config
+
+
+def network_config(variant: str, size: str) -> ml_collections.ConfigDict:
+  """A `NETWORK_ROWS` row: `experiments.networks.SmallCNN` with its head, SGD lr 0.05 and clip 1.0
+  as the Table 7 rows; T is one epoch of the first task (about 12,000 digits), as the guide's."""
+  row = NETWORK_ROWS[variant]
+  config = base_config()
+  m = config.model
+  m.kind = "network"
+  m.network = "experiments.networks:SmallCNN"
+  m.network_args = ml_collections.ConfigDict(
+    dict(head=row["head"], channels=8, neurons=1_000, k=100, switch_epochs=1.0, dataset_size=12_000)
+  )
+  m.network_values = "out" if row["head"] == "sdm" else ""
+  if "regularizer" in row:
+    config.regularizer.update(row["regularizer"])
+  config.epochs_per_task = SIZES[size]
+  config.eval_every = EVAL_EVERY[size]
   return config
 
 

@@ -150,6 +150,9 @@ class SDM(nnx.Module):
       self.bias = nnx.Param(params["bias"].astype(param_dtype))
     self.counts = GabaCounts(sdm_layer.init_counts(self.spec))
     self.deterministic = False
+    # Set by a trainer that counts firings itself (`sdm_jax.engine.networks`): each call then sows
+    # a* as an `nnx.Intermediate` named "a_star" (`nnx.capture` collects it).
+    self.record_activations = False
 
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
     """a* [..., neurons] of x [..., in_features] (the last axis, as `nnx.Linear`); `epoch` (global,
@@ -162,6 +165,8 @@ class SDM(nnx.Module):
     )
     if not self.deterministic:
       self.counts[...] = counts
+    if self.record_activations:
+      self.sow(nnx.Intermediate, "a_star", a_star)
     return a_star
 
   def gaba_lambda(self) -> jax.Array:
@@ -186,14 +191,15 @@ def _switch(schedule, activations, epochs, dataset_size) -> float:
   return activations
 
 
-def _sdm_modules(model: nnx.Module):
-  """(path string, module) of every `SDM` module in `model`, e.g. ('head/sdm', module)."""
+def sdm_modules(model: nnx.Module) -> list[tuple[str, "SDM"]]:
+  """(path string, module) of every `SDM` module in `model`, e.g. ('head/sdm', module), in the
+  order `nnx.iter_modules` walks it."""
   return [("/".join(str(p) for p in path), m) for path, m in nnx.iter_modules(model) if isinstance(m, SDM)]
 
 
 def sdm_paths(model: nnx.Module) -> list[str]:
   """The paths of the `SDM` modules in `model` (e.g. ['sdm']), as `sdm_projection` takes them."""
-  return [path for path, _ in _sdm_modules(model)]
+  return [path for path, _ in sdm_modules(model)]
 
 
 def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax.GradientTransformation:
@@ -204,7 +210,7 @@ def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax
   An SDM kernel is [in_features, neurons]: axes before those are layers stacked by `nnx.vmap` or
   `nnx.scan` (a Transformer's blocks), and each layer's addresses are normalised on their own."""
   groups: dict[tuple[bool, bool], list] = {}
-  for path, module in _sdm_modules(model):
+  for path, module in sdm_modules(model):
     groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(path)
   if not groups:
     raise ValueError("model: no SDM module in it")

@@ -43,6 +43,9 @@ and #dead-neurons):
   once (paper App. H, Table 10);
 * dead: summed activation over a set of inputs < 1e-4 (`active_threshold`);
   alive: count >= 1;
+* a user's network (`networks.Network`): the same statistics for each of
+  its SDM layers (`layer_statistics`), an a* with positions read as one row
+  per position, labelled with its example's class;
 * readout probe (ours, not the authors'): the model's own head against a
   multinomial logistic regression on its final hidden activations, fit on
   every class at once, on the same test set;
@@ -446,6 +449,66 @@ def statistics_of_activations(hidden_batches: Iterable, labels, *, num_classes: 
     raise ValueError(f"statistics_of_activations: {start} activation rows for {len(labels)} labels")
   n = len(labels)
   return NeuronStats(counts, counts_entropy, activity, best, best_label, active / max(n, 1), n)
+
+
+@functools.lru_cache(maxsize=8)
+def _layers_fn(network):
+  import jax
+
+  from sdm_jax.engine import train
+
+  def fn(params, counters, x):
+    return network.layer_activations(params, counters, train.to_float_input(x))
+
+  return jax.jit(fn)
+
+
+def layer_positions(network, params: Mapping, counters: Mapping) -> tuple[int, ...]:
+  """How many rows of a* each SDM layer of a user network gives per example (`networks.Network`,
+  `sdm_layers` order): the product of a*'s axes between the batch and the neurons (1 for [B, r])."""
+  import jax
+
+  x = jax.ShapeDtypeStruct((1, *network.input_shape), np.float32)
+  shapes = jax.eval_shape(network.layer_activations, params, counters, x)
+  return tuple(math.prod(s.shape[1:-1]) for s in shapes)
+
+
+def layer_rows(network, params: Mapping, counters: Mapping, x, *, layer: int, batch_size: int = 2048):
+  """Yields SDM layer number `layer`'s a* (evaluation mode, the final counters) of `x` (uint8 or
+  float inputs [N, ...]) batch by batch as rows [B × positions, neurons]: an example's positions
+  one after another, as `np.repeat(labels, positions)` labels them."""
+  import jax
+  import jax.numpy as jnp
+
+  fn = _layers_fn(network)
+  params, counters = jax.tree.map(jnp.asarray, (params, counters))  # (sent to the device once)
+  x = np.asarray(x).reshape(len(x), -1)
+  for start in range(0, len(x), batch_size):
+    a_star = np.asarray(fn(params, counters, jnp.asarray(x[start : start + batch_size]))[layer])
+    yield a_star.reshape(-1, a_star.shape[-1])
+
+
+def layer_statistics(
+  network, params: Mapping, counters: Mapping, x, labels, *, num_classes: int, batch_size: int = 2048
+) -> tuple[NeuronStats, ...]:
+  """`neuron_statistics` of every SDM layer of a user network (`networks.Network`; one seed's
+  params and counters), in `sdm_layers` order.
+
+  An a* with positions (e.g. [B, length, r]) gives one row per position, labelled with its
+  example's label, so counts, activity and active-per-example are per position. One pass over `x`
+  per layer keeps memory to one batch's activations.
+  """
+  labels = np.asarray(labels)
+  positions = layer_positions(network, params, counters)
+  return tuple(
+    statistics_of_activations(
+      layer_rows(network, params, counters, x, layer=i, batch_size=batch_size),
+      np.repeat(labels, positions[i]),
+      num_classes=num_classes,
+      neurons=spec.neurons,
+    )
+    for i, (_, spec) in enumerate(network.sdm_layers)
+  )
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ import numpy as np
 import optax
 
 from sdm_jax import data as data_lib
-from sdm_jax.core import topk
 from sdm_jax.engine import metrics, models, regularizers, train, validation
 from sdm_jax.engine.cpu import step_policy
 from sdm_jax.runs import metric_writers
@@ -351,13 +350,12 @@ class Block(NamedTuple):
   steps: int
 
 
-def gaba_mean(states: train.TrainState, spec: models.ModelSpec):
-  """Mean GABA lambda per seed (1.0 when the model has no GABA switch)."""
-  if spec.hidden.k_schedule != "gaba":
-    return jnp.ones(states.gaba_counts.shape[0])
+def gaba_mean(states: train.TrainState, spec):
+  """Mean GABA lambda per seed (1.0 when the model has no GABA switch); `spec`: the model
+  (`models.ModelSpec` or `networks.Network`)."""
   switch = (states.hyper or {}).get("switch_activations")  # a population's T per model [S]
-  switch = spec.hidden.switch_activations if switch is None else switch[:, None]
-  return topk.gaba_lambda(states.gaba_counts, switch).mean(-1)
+  lam = spec.gaba_lambda_mean(states.gaba_counts, switch)
+  return jnp.ones(states.epoch.shape[0]) if lam is None else lam
 
 
 def collapse_warning(active_per_example, labels: Sequence[dict], task: int, num_tasks: int, epoch: int) -> str | None:
@@ -383,13 +381,17 @@ def collapse_warning(active_per_example, labels: Sequence[dict], task: int, num_
   )
 
 
-def zero_input_warning(tasks: Tasks, spec: models.ModelSpec) -> str | None:
+def zero_input_warning(tasks: Tasks, spec) -> str | None:
   """A line for the log and the results when training examples reach the hidden layer as all zeros.
 
   With the SDM input processing (Alg. 1: ReLU, then unit L2 norm) an example whose features are all
   <= 0 becomes the zero vector: every activation is 0, it never fires a unit, never moves a GABA
   counter and gives no gradient (the layer's diagnostics call it a zero input). Counted once, on the
-  host, over every task's real (unpadded) training examples of the first data order."""
+  host, over every task's real (unpadded) training examples of the first data order. Only for the
+  built-in models, whose hidden layer reads the data itself (a user network's first layer may not
+  be an SDM layer)."""
+  if not isinstance(spec, models.ModelSpec):
+    return None
   x, sizes = np.asarray(tasks.train_x), np.asarray(tasks.train_sizes)
   if tasks.seed_axis:
     x, sizes = x[0], sizes[0]
@@ -406,7 +408,7 @@ def zero_input_warning(tasks: Tasks, spec: models.ModelSpec) -> str | None:
   )
 
 
-def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
+def gaba_switch_warning(spec, lam_mean, seeds, task: int, num_tasks: int) -> str | None:
   """A line for the log and the results when task `task` ends with the GABA switch incomplete.
 
   `lam_mean`: each seed's mean lambda over neurons. Below `GABA_INCOMPLETE_LAMBDA`
@@ -414,13 +416,17 @@ def gaba_switch_warning(spec: models.ModelSpec, lam_mean, seeds, task: int, num_
   firings) is too large for this much data.
   """
   lam_mean = np.asarray(lam_mean)
-  if spec.hidden.k_schedule != "gaba" or lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:
+  if lam_mean.min() >= GABA_INCOMPLETE_LAMBDA:  # (1.0 without a GABA switch: `gaba_mean`)
     return None
   worst = int(np.argmin(lam_mean))
-  return (
+  line = (
     f"task {task + 1}/{num_tasks} ended with the GABA switch incomplete: mean lambda {lam_mean[worst]:.2f} "
-    f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3) with T = "
-    f"{spec.hidden.switch_activations:.0f}. T counts firings, so it scales with the data: set "
+    f"(seed {seeds[worst]}; -1 = no neuron switched, 1 = all; paper App. B.3)"
+  )
+  if not isinstance(spec, models.ModelSpec):  # a user network: T is each SDM layer's own argument
+    return line + ". T counts firings, so it scales with the data: lower the SDM layers' T (switch_epochs)"
+  return line + (
+    f" with T = {spec.hidden.switch_activations:.0f}. T counts firings, so it scales with the data: set "
     "model.gaba_switch_epochs (the epoch of the first task by which the switch should be complete) "
     "or lower model.gaba_switch_activations"
   )
@@ -511,9 +517,10 @@ def run(
     rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam)
     progress.dead_fraction = np.asarray([row["dead_fraction"] for row in rows])
     task_end = block == per_task - 1
-    warning = collapse_warning(
-      epoch_metrics.active_per_example[:, -1], labels, task, num_tasks, (block + 1) * schedule.eval_every
-    )
+    warning = None  # (a network without an SDM layer counts no unit: nothing to collapse)
+    if engine.spec.neurons:
+      epoch = (block + 1) * schedule.eval_every
+      warning = collapse_warning(epoch_metrics.active_per_example[:, -1], labels, task, num_tasks, epoch)
     if warning and not any(w.split(":", 1)[1] == warning.split(":", 1)[1] for w in progress.warnings):
       progress.warnings.append(warning)  # (once per run for the same models: the log has every block's)
     if task_end:

@@ -8,6 +8,7 @@ Synopsis::
     result.final_accuracy          # mean over seeds: accuracy on every test class after the last task
     result.acc_matrix[0]           # seed 0's [after task i][on task j]
     fit.fit(x, y, optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))  # any optax
+    fit.fit(x, y, model=lambda rngs: MyNet(rngs), regularizer=RegularizerSpec("ewc", strength=1000.0))  # any NNX network
 
 No config and no files (unless `workdir`): the same engine as the configured runs
 (`sdm_jax.engine.continual.run`), which `experiments/driver.py` drives from a config.
@@ -20,13 +21,14 @@ import dataclasses
 import json
 import logging
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from flax import nnx
 import numpy as np
 import optax
 
-from sdm_jax.core import projection, sdm_layer
-from sdm_jax.engine import continual, models, optimizers, regularizers, train, validation
+from sdm_jax.core import sdm_layer
+from sdm_jax.engine import continual, models, networks, optimizers, regularizers, train, validation
 from sdm_jax.engine.cpu import step_policy
 from sdm_jax.runs import workdir as workdir_lib
 
@@ -60,13 +62,20 @@ class FitResult:
   results: dict[str, Any]
 
 
-#: The model names `fit` takes besides a `models.ModelSpec`.
+#: The model names `fit` takes besides a `models.ModelSpec` or an NNX network.
 FIT_MODELS = ("sdmlp", "relu", "topk")
 
 
-def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.ModelSpec:
+def _model_spec(model, input_shape: tuple[int, ...], num_classes: int, neurons, k):
   """The model `fit` trains (its fields checked by the specs; a `fit` argument's error names it,
-  a ModelSpec's names model.<field>); SDMLP's GABA T is set once the tasks are known."""
+  a ModelSpec's names model.<field>); SDMLP's GABA T is set once the tasks are known. An NNX module,
+  or a function of `nnx.Rngs` that builds one, becomes a `networks.Network`."""
+  input_size = int(np.prod(input_shape))
+  net = _network_of(model, input_shape)
+  if net is not None:
+    if net.num_classes != num_classes:
+      validation.fail("model", f"{net.name} returns {net.num_classes} logits; y has {num_classes} classes")
+    return net
   if isinstance(model, models.ModelSpec):
     if model.input_size != input_size:
       validation.fail("model", f"input_size {model.input_size} does not match the {input_size} features of x")
@@ -74,13 +83,31 @@ def _model_spec(model, input_size: int, num_classes: int, neurons, k) -> models.
       validation.fail("model", f"num_classes {model.num_classes} does not match the {num_classes} classes of y")
     return model
   if model not in FIT_MODELS:
-    validation.fail("model", f"must be a models.ModelSpec or one of {FIT_MODELS}, got {model!r}")
+    validation.fail(
+      "model",
+      f"must be an NNX module, a function of nnx.Rngs, a models.ModelSpec or one of {FIT_MODELS}, got {model!r}",
+    )
   validation.check_int("neurons", neurons)
   make = dict(sdmlp=models.sdmlp, relu=models.relu_mlp, topk=models.topk_mlp)[model]
   try:
     return make(input_size, neurons, num_classes) if model == "relu" else make(input_size, neurons, num_classes, k=k)
   except sdm_layer.SpecError as e:
     validation.fail(e.field, e.message)
+
+
+def _network_of(model, input_shape: tuple[int, ...]) -> networks.Network | None:
+  """`model` as a `networks.Network` when it is a network (wrapped already, an NNX module, or a
+  function of `nnx.Rngs`), else None (a ModelSpec or a built-in model's name)."""
+  if isinstance(model, networks.Network):  # wrapped already (e.g. with `values=`)
+    if int(np.prod(model.input_shape)) != int(np.prod(input_shape)):
+      validation.fail("model", f"{model.name} takes examples of shape {model.input_shape}; x's are {input_shape}")
+    return model
+  if not isinstance(model, nnx.Module) and not callable(model):
+    return None
+  try:
+    return networks.network(model, input_shape=input_shape)
+  except networks.NetworkError as e:
+    validation.fail("model", str(e).removeprefix("model: "))
 
 
 def _fit_arrays(x, y, test_x, test_y, class_order, num_classes=None) -> tuple[dict, list[int]]:
@@ -143,7 +170,7 @@ def fit(
   classes_per_task: int = 2,
   class_order: Sequence[int] | None = None,
   num_classes: int | None = None,
-  model: models.ModelSpec | str = "sdmlp",
+  model: models.ModelSpec | str | nnx.Module | Callable[[nnx.Rngs], nnx.Module] = "sdmlp",
   neurons: int = 1000,
   k: int = 10,
   gaba_switch_epochs: float | None = None,
@@ -169,11 +196,18 @@ def fit(
   Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
   "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
   `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
-  task's training examples. `optimizer`: any `optax.GradientTransformation`, or one of the
-  authors' optimisers by name (`optimizers.OPTIMIZERS`, with `learning_rate`, default 0.05, and
-  `clip_norm`, default 1.0: their settings); either way the chain ends with the SDM projection when
-  the model needs it (`optimizers.for_model`), so it cannot be forgotten. `regularizer`: e.g.
-  `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
+  task's training examples. Or your own network: a function of an `nnx.Rngs` that builds an NNX
+  module (each seed its own initialisation; stacked seeds stay one program), or a module (every
+  seed starts from its weights). It gets x's examples as float32 (uint8 scaled by 1/255) in x's
+  shape, returns logits [batch, C], and may hold `nnx_layer.SDM` layers (their GABA counters count
+  the real rows; their T is theirs to set) and any other NNX layer. The SDM layers' addresses are
+  kept >= 0 and unit-norm; to keep a value layer >= 0 too (the paper's X_v), pass
+  `networks.network(Net, input_shape=x.shape[1:], values="out")`. `optimizer`: any
+  `optax.GradientTransformation`, or one of the authors' optimisers by name
+  (`optimizers.OPTIMIZERS`, with `learning_rate`, default 0.05, and `clip_norm`, default 1.0: their
+  settings); either way the chain ends with the SDM projection when the model needs it
+  (`optimizers.for_model`; a network's SDM layers' addresses), so it cannot be forgotten.
+  `regularizer`: e.g. `regularizers.RegularizerSpec("ewc", strength=1000.0)`.
   `train_step` "auto": after the GABA switch, where it is exact, the sparse SGD step (with its
   forward cache) and during the switch the fused dense step, as a configured run trains
   (`step_policy.choose`: plain SGD by name, no population; results move only by float rounding);
@@ -197,8 +231,11 @@ def fit(
   eval_every = epochs_per_task if eval_every is None else eval_every
   validation.check_schedule("", epochs_per_task, eval_every, batch_size)
   seeds = list(validation.check_seeds("seeds", seeds))
-  features = int(np.prod(dataset["train_images"].shape[1:]))
-  spec = _model_spec(model, features, len(order), neurons, k)
+  spec = _model_spec(model, tuple(dataset["train_images"].shape[1:]), len(order), neurons, k)
+  if isinstance(spec, networks.Network) and isinstance(optimizer, str) and optimizer.startswith("lazy_"):
+    validation.fail(
+      "optimizer", f"{optimizer!r} reads the built-in models' 'hidden' and 'output' layers: use {optimizer[5:]!r}"
+    )
   _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, regularizer)
   if train_step not in ("auto", "dense"):
     validation.fail("train_step", f"must be 'auto' or 'dense', got {train_step!r}")
@@ -209,7 +246,7 @@ def fit(
   schedule = continual.Schedule(epochs_per_task, eval_every, batch_size)
   continual.check_batch_size(tasks, batch_size)
   continual.check_counters(tasks, schedule)
-  if not isinstance(model, models.ModelSpec) and spec.hidden.k_schedule == "gaba":
+  if isinstance(model, str) and spec.hidden.k_schedule == "gaba":
     switch = continual.GABA_SWITCH_FRACTION * epochs_per_task if gaba_switch_epochs is None else gaba_switch_epochs
     hidden = dataclasses.replace(spec.hidden, switch_activations=continual.gaba_switch_activations(tasks, switch))
     spec = dataclasses.replace(spec, hidden=hidden)
@@ -239,10 +276,15 @@ def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy=None
   states = train.init_states(np.asarray(seeds), spec=spec, tx=tx, regularizer=regularizer, num_tasks=tasks.num_tasks)
   engine = continual.make_engine(spec, tx, schedule, seed_axis=False, regularizer=regularizer, policy=policy)
   progress = continual.Progress.start(len(seeds), tasks.num_tasks)
-  zero_inputs = continual.zero_input_warning(tasks, spec)
-  if zero_inputs:
-    logging.getLogger(__name__).warning(zero_inputs)
-    progress.warnings.append(zero_inputs)
+  shared = isinstance(spec, networks.Network) and spec.build is None and len(seeds) > 1
+  shared = (
+    shared
+    and f"the {len(seeds)} seeds start from the given module's weights (pass a function of nnx.Rngs for each its own)"
+  )
+  for line in (continual.zero_input_warning(tasks, spec), shared):
+    if line:
+      logging.getLogger(__name__).warning(line)
+      progress.warnings.append(line)
   writer, curves = continual.curve_writers(workdir, tasks.num_tasks), []
   for states, block in continual.run(engine, states, tasks, schedule, seeds, progress):
     writer.write_rows(block.rows)
@@ -264,8 +306,7 @@ def _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy=None
   )
 
 
-def _with_projection(spec: models.ModelSpec, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+def _with_projection(spec, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
   """A user's optax transformation, followed by the SDM projection where the model is constrained."""
-  if not spec.hidden.constrained:
-    return optimizer
-  return optax.chain(optimizer, projection.project_after_update(lambda params: models.project_params(params, spec)))
+  constraint = spec.constraint()
+  return optimizer if constraint is None else optax.chain(optimizer, constraint)

@@ -17,14 +17,16 @@ with Flax's [in, out] kernel layout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from sdm_jax.core import sdm_layer
+from sdm_jax.core import projection, sdm_layer, topk
 
 K_SCHEDULES = sdm_layer.K_SCHEDULES  #: The hidden layer's k schedules (`sdm_layer.K_SCHEDULES`).
 INHIBITIONS = sdm_layer.INHIBITIONS  #: Its inhibitions (`sdm_layer.INHIBITIONS`).
+LAYER_FIELDS = ("k", "switch_activations")  #: The hidden layer's values a population may vary (k and T).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,57 @@ class ModelSpec:
 
   @property
   def neurons(self) -> int:
+    """The hidden layer's units (r)."""
     return self.hidden.neurons
+
+  # The engine's model protocol (the same methods as a user's network, `networks.Network`).
+
+  @property
+  def population_fields(self) -> tuple[str, ...]:
+    """The `TrainState.hyper` fields a population may give this model: the hidden layer's k and T."""
+    return LAYER_FIELDS
+
+  def init(self, key) -> tuple[dict, jax.Array]:
+    """(params, counters): `init_params`, and the GABA counters C_i at zero [neurons]."""
+    return init_params(key, self), jnp.zeros((self.neurons,), jnp.float32)
+
+  def apply(self, params, counters, x, *, train: bool = False, key=None, k=None, switch_activations=None):
+    """(logits, hidden activations [batch, neurons]) of x (`forward`); `key`: dropout's, in training."""
+    dropout_key = key if train and self.dropout > 0 else None
+    return forward(
+      params, x, spec=self, k=k, gaba_counts=counters, dropout_key=dropout_key, switch_activations=switch_activations
+    )
+
+  def unit_stats(self, hidden, valid) -> tuple[jax.Array, jax.Array]:
+    """(activity, fired) [neurons]: summed output over the valid rows, and Eq. 12's firing increments."""
+    return jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0), sdm_layer.firings(hidden, valid)
+
+  def advance(self, counters, hidden, fired):
+    """The GABA counters after a training batch (C_i + firings; unchanged without the switch)."""
+    del hidden
+    return counters + fired if self.hidden.k_schedule == "gaba" else counters
+
+  def layer_values(self, epoch, hyper: dict | None) -> dict:
+    """`apply`'s k and T: a population member's (`hyper`, traced; the spec's k is then their static
+    bound) where it has them, else the spec's k in force at `epoch`."""
+    hyper = hyper or {}
+    return dict(
+      k=hyper["k"] if "k" in hyper else current_k(self, epoch), switch_activations=hyper.get("switch_activations")
+    )
+
+  def gaba_lambda_mean(self, counters: jax.Array, switch=None) -> jax.Array:
+    """Mean λ (Eq. 12) per model of counters [S, neurons] (`switch`: a population's T [S]); None
+    without the GABA switch."""
+    if self.hidden.k_schedule != "gaba":
+      return None
+    switch = self.hidden.switch_activations if switch is None else switch[:, None]
+    return topk.gaba_lambda(counters, switch).mean(-1)
+
+  def constraint(self):
+    """The SDM constraint as the chain's last step (`project_params`), or None when unconstrained."""
+    if not self.hidden.constrained:
+      return None
+    return projection.project_after_update(functools.partial(project_params, spec=self))
 
 
 def sdmlp(

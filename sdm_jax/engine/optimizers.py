@@ -15,7 +15,6 @@ parameter >= 0 and renormalises the neuron addresses (`sdm_jax.core.projection`)
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import optax
@@ -68,9 +67,13 @@ def make_optimizer(
   momentum: float = 0.9,
   weight_decay: float = 0.0,
   projection: Callable | None = None,
+  constraint: optax.GradientTransformation | None = None,
   inject_learning_rate: bool = False,
 ) -> optax.GradientTransformation:
   """clip_by_global_norm -> optimiser -> (optional) projection onto the SDM constraint.
+
+  `projection`: a function params -> projected params (`projection.project_after_update` makes it
+  the chain's last step); `constraint`: the last step as a transformation (a model's `constraint()`).
 
   `inject_learning_rate`: the learning rate lives in the optimiser state
   (`optax.inject_hyperparams`), where `optax.tree_utils.tree_set(state, learning_rate=...)` can give
@@ -79,7 +82,9 @@ def make_optimizer(
   if inject_learning_rate:
 
     def chain(learning_rate):  # the only argument inject_hyperparams sees, so the only one it injects
-      options = dict(clip_norm=clip_norm, momentum=momentum, weight_decay=weight_decay, projection=projection)
+      options = dict(
+        clip_norm=clip_norm, momentum=momentum, weight_decay=weight_decay, projection=projection, constraint=constraint
+      )
       return make_optimizer(name, learning_rate, **options)
 
     return optax.inject_hyperparams(chain)(learning_rate=learning_rate)
@@ -89,14 +94,16 @@ def make_optimizer(
   parts.append(base_optimizer(name, learning_rate, momentum=momentum, weight_decay=weight_decay))
   if projection is not None:
     parts.append(projection_lib.project_after_update(projection))
+  if constraint is not None:
+    parts.append(constraint)
   return optax.chain(*parts)
 
 
-def for_model(
-  spec: models.ModelSpec, name: str = "sgd", learning_rate: float = 0.05, **options
-) -> optax.GradientTransformation:
-  """`make_optimizer` for a `models.ModelSpec`: adds the SDM projection (params >= 0, unit-norm
-  addresses) whenever the model is constrained, so it cannot be forgotten. `options`: clip_norm,
-  momentum, weight_decay, inject_learning_rate."""
-  projection = functools.partial(models.project_params, spec=spec) if spec.hidden.constrained else None
-  return make_optimizer(name, learning_rate, projection=projection, **options)
+def for_model(spec, name: str = "sgd", learning_rate: float = 0.05, **options) -> optax.GradientTransformation:
+  """`make_optimizer` for a model (`models.ModelSpec`, or a user's `networks.Network`): adds its SDM
+  constraint (`constraint()`: params >= 0, unit-norm addresses) whenever it has one, so it cannot be
+  forgotten. `options`: clip_norm, momentum, weight_decay, inject_learning_rate. The lazy optimisers
+  need the built-in models' layer names ('hidden', 'output')."""
+  if name.startswith("lazy_") and not isinstance(spec, models.ModelSpec):
+    raise ValueError(f"optimizer {name!r} reads the built-in models' 'hidden' and 'output' layers: use {name[5:]!r}")
+  return make_optimizer(name, learning_rate, constraint=spec.constraint(), **options)

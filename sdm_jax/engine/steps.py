@@ -82,6 +82,41 @@ class StepStats(NamedTuple):
     )
 
 
+class Model(Protocol):
+  """What the engine trains: the built-in models (`models.ModelSpec`) and a user's NNX network
+  (`networks.Network`) both have these. A static, hashable object; every array lives in the state.
+
+  `init(key) -> (params, counters)`; `apply(params, counters, x, *, train=False, key=None,
+  **layer_values) -> (logits [batch, num_classes], hidden)` (hidden: what `unit_stats` and
+  `advance` read; None outside training for a network); `unit_stats(hidden, valid) -> (activity,
+  fired)`, each [neurons]; `advance(counters, hidden, fired) -> counters` (the GABA counters after
+  a batch); `layer_values(epoch, hyper) -> dict` (`apply`'s per-member values);
+  `gaba_lambda_mean(counters [S, ...], switch) -> [S] | None`; `constraint() -> optax
+  transformation | None` (the SDM projection, last in the chain).
+  """
+
+  #: The width of the logits.
+  num_classes: int
+
+  @property
+  def neurons(self) -> int:
+    """The units the training statistics count (`StepStats.activity`)."""
+    ...
+
+  @property
+  def population_fields(self) -> tuple[str, ...]:
+    """The `TrainState.hyper` fields a population may give this model (beyond the regulariser's)."""
+    ...
+
+  def init(self, key) -> tuple[Any, Any]:
+    """(params, counters) of a fresh model."""
+    ...
+
+  def apply(self, params, counters, x, *, train: bool = False, key=None, **layer) -> tuple[jax.Array, Any]:
+    """(logits, hidden) of x."""
+    ...
+
+
 class TrainStep(Protocol):
   """A training step: a static, hashable object (a NamedTuple of settings) with three methods.
 

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from sdm_jax.runs import mesh as mesh_lib
-from sdm_jax.core import placement, sdm_layer
+from sdm_jax.core import placement
 from sdm_jax.engine import metrics, models, regularizers, steps
 
 
@@ -39,10 +39,13 @@ class TrainState:
   """All mutable training state of one seed (stack a leading axis for several).
 
   Attributes:
-    params: model parameters (see `models.init_params`).
+    params: model parameters (the model's `init`: `models.init_params` for the built-in models; a
+      user network's `nnx.Param` values as a nested dict, `networks.Network`).
     opt_state: optax state.
-    gaba_counts: float32 [neurons], C_i of the GABA switch (App. B.3): examples for which neuron i
-      fired (output > 0) in training forward passes so far.
+    gaba_counts: the model's counters. The built-in models: float32 [neurons], C_i of the GABA
+      switch (App. B.3): examples for which neuron i fired (output > 0) in training forward passes
+      so far. A user network: its non-Param variables as a nested dict (each SDM layer's C_i, and
+      any BatchNorm statistics or RNG streams it has).
     epoch: int32, global epoch counter E_t (drives the k schedule of Eq. 4).
     step: int32, optimiser steps taken.
     key: PRNG key (raw uint32[2]) for shuffling and dropout.
@@ -71,9 +74,9 @@ class TrainState:
 
 
 # The values a population may give each model (`TrainState.hyper`), beside the optimiser's learning
-# rate (which lives in the optimiser's state, `optax.inject_hyperparams`): the hidden layer's k and T,
-# and the regulariser's numbers.
-LAYER_FIELDS = ("k", "switch_activations")  #: The hidden layer's fields a population may vary.
+# rate (which lives in the optimiser's state, `optax.inject_hyperparams`): the built-in models' k and
+# T (a model's own `population_fields`), and the regulariser's numbers.
+LAYER_FIELDS = models.LAYER_FIELDS  #: The built-in hidden layer's fields a population may vary.
 #: Every `TrainState.hyper` field: the layer's, then the regulariser's.
 POPULATION_FIELDS = LAYER_FIELDS + regularizers.POPULATION_FIELDS
 
@@ -89,14 +92,10 @@ def member_regularizer(
   return regularizer._replace(**values)
 
 
-def member_layer(state: TrainState, spec: models.ModelSpec) -> dict:
-  """`models.forward`'s k and T for this model: its population values (`state.hyper`, traced; the
-  spec's k is then their static bound) where it has them, else the spec's k in force at its epoch."""
-  hyper = state.hyper or {}
-  return dict(
-    k=hyper["k"] if "k" in hyper else models.current_k(spec, state.epoch),
-    switch_activations=hyper.get("switch_activations"),
-  )
+def member_layer(state: TrainState, spec) -> dict:
+  """The model's `apply` values for this member (the built-in models' k and T: its population values
+  where it has them, else the spec's k in force at its epoch; `ModelSpec.layer_values`)."""
+  return spec.layer_values(state.epoch, state.hyper)
 
 
 class EpochMetrics(NamedTuple):
@@ -125,7 +124,7 @@ def init_state(
   seed,
   hyper=None,
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   tx: optax.GradientTransformation,
   regularizer: regularizers.RegularizerSpec | None = None,
   num_tasks: int = 1,
@@ -135,7 +134,7 @@ def init_state(
   injected hyperparameters) or None."""
   key = jax.random.PRNGKey(seed)
   key, init_key = jax.random.split(key)
-  params = models.init_params(init_key, spec)
+  params, counters = spec.init(init_key)
   reg = None
   if regularizer is not None:
     slots = regularizers.num_slots_for(regularizer, num_tasks)
@@ -146,7 +145,7 @@ def init_state(
   return TrainState(
     params=params,
     opt_state=opt_state,
-    gaba_counts=jnp.zeros((spec.neurons,), jnp.float32),
+    gaba_counts=counters,
     epoch=jnp.zeros((), jnp.int32),
     step=jnp.zeros((), jnp.int32),
     key=key,
@@ -158,7 +157,7 @@ def init_state(
 def init_states(
   seeds,
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   tx: optax.GradientTransformation,
   regularizer: regularizers.RegularizerSpec | None = None,
   num_tasks: int = 1,
@@ -177,10 +176,10 @@ def init_states(
 def _checked_population(hyper: dict, *, spec, tx, regularizer) -> dict:
   """A population's values as host arrays (int32 k, float32 the rest), or ValueError naming what
   cannot vary in this run."""
-  allowed = POPULATION_FIELDS + ("learning_rate",)
+  allowed = tuple(spec.population_fields) + regularizers.POPULATION_FIELDS + ("learning_rate",)
   unknown = set(hyper) - set(allowed)
   if unknown:
-    raise ValueError(f"population fields {sorted(unknown)}: only {allowed} may vary")
+    raise ValueError(f"population fields {sorted(unknown)}: only {allowed} may vary for this model")
   if set(hyper) & set(regularizers.POPULATION_FIELDS) and regularizer is None:
     raise ValueError(f"a population of {sorted(hyper)} needs a regulariser")
   if "k" in hyper:
@@ -212,7 +211,7 @@ def loss_and_stats(
   y,
   valid,
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   dropout_key,
   regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
@@ -225,9 +224,7 @@ def loss_and_stats(
   global number of valid examples, plus the penalty over the number of
   slices), so that the `psum` of the slices' gradients is the global batch's.
   """
-  logits, hidden = models.forward(
-    params, x, spec=spec, gaba_counts=state.gaba_counts, dropout_key=dropout_key, **member_layer(state, spec)
-  )
+  logits, hidden = spec.apply(params, state.gaba_counts, x, train=True, key=dropout_key, **member_layer(state, spec))
   per_example = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   n_valid = valid.sum() if data_axis is None else jax.lax.psum(valid.sum(), data_axis)
   n_valid = jnp.maximum(n_valid, 1)
@@ -238,12 +235,10 @@ def loss_and_stats(
   return loss, (logits, hidden)
 
 
-def eval_logits_fn(state: TrainState, *, spec: models.ModelSpec):
+def eval_logits_fn(state: TrainState, *, spec: steps.Model):
   """`logits_fn(params, x)` of the model in evaluation mode (no dropout), for the regularisers."""
   layer = member_layer(state, spec)
-  return lambda params, x: models.forward(params, to_float_input(x), spec=spec, gaba_counts=state.gaba_counts, **layer)[
-    0
-  ]
+  return lambda params, x: spec.apply(params, state.gaba_counts, to_float_input(x), **layer)[0]
 
 
 def train_step(
@@ -252,7 +247,7 @@ def train_step(
   y,
   valid,
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   tx: optax.GradientTransformation,
   regularizer: regularizers.RegularizerSpec | None = None,
   data_axis: str | None = None,
@@ -266,8 +261,8 @@ def train_step(
   """
   x = to_float_input(x_uint8)
   regularizer = member_regularizer(regularizer, state)
-  dropout_key = jax.random.fold_in(state.key, state.step) if spec.dropout > 0 else None
-  if dropout_key is not None and data_axis is not None:
+  dropout_key = jax.random.fold_in(state.key, state.step)  # (the built-in models' dropout; unused without it)
+  if data_axis is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(data_axis))
   grad_fn = jax.value_and_grad(loss_and_stats, has_aux=True)
   (loss, (logits, hidden)), grads = grad_fn(
@@ -287,30 +282,25 @@ def train_step(
   return state.replace(params=params, opt_state=opt_state, gaba_counts=counts, step=state.step + 1), stats
 
 
-def count_batch(state: TrainState, loss, logits, hidden, y, valid, *, spec: models.ModelSpec, data_axis=None):
+def count_batch(state: TrainState, loss, logits, hidden, y, valid, *, spec: steps.Model, data_axis=None):
   """A dense step's bookkeeping (`train_step`, the CPU backend's fused step): the GABA counters after
   the batch (Eq. 12's C_i increments, as the layer counts them) and the step's `steps.StepStats`.
   With `data_axis` the counts are summed over the batch's slices: those of the whole batch."""
-  counted = (
-    valid.sum(),
-    jnp.sum((jnp.argmax(logits, -1) == y) & valid),
-    jnp.sum(hidden * valid.astype(jnp.float32)[:, None], axis=0),
-    sdm_layer.firings(hidden, valid),
-  )
+  counted = (valid.sum(), jnp.sum((jnp.argmax(logits, -1) == y) & valid), *spec.unit_stats(hidden, valid))
   if data_axis is not None:
     counted = jax.lax.psum(counted, data_axis)
   n_valid, correct, activity, fired_per_neuron = counted
-  counts = state.gaba_counts + fired_per_neuron if spec.hidden.k_schedule == "gaba" else state.gaba_counts
+  counts = spec.advance(state.gaba_counts, hidden, fired_per_neuron)
   stats = steps.StepStats(
     loss * n_valid, correct, activity, fired_per_neuron.sum(), jnp.zeros((), jnp.int32), jnp.ones(())
   )
   return counts, stats
 
 
-def skip_empty(step_fn: Callable, state: TrainState, batch: steps.Batch):
+def skip_empty(step_fn: Callable, state: TrainState, batch: steps.Batch, neurons: int):
   """`step_fn(state, batch)` when the batch holds real rows, else the state unchanged and
-  `StepStats.zeros` (a `lax.cond`: under `vmap` both branches run, and the skip is a select)."""
-  skip = lambda state, batch: (state, steps.StepStats.zeros(state.gaba_counts.shape[-1]))
+  `StepStats.zeros(neurons)` (a `lax.cond`: under `vmap` both branches run, and the skip is a select)."""
+  skip = lambda state, batch: (state, steps.StepStats.zeros(neurons))
   return jax.lax.cond(batch.live, step_fn, skip, state, batch)
 
 
@@ -320,7 +310,7 @@ class DenseStep(NamedTuple):
   batch (`sdm_jax.runs.mesh`)."""
 
   #: The model it trains.
-  spec: models.ModelSpec
+  spec: steps.Model
   #: The optax chain (clip -> optimiser -> SDM projection: `optimizers.for_model`).
   tx: optax.GradientTransformation
   #: The regulariser, or None.
@@ -339,7 +329,7 @@ class DenseStep(NamedTuple):
       options = dict(spec=self.spec, tx=self.tx, regularizer=self.regularizer, data_axis=self.data_axis)
       return train_step(state, batch.x, batch.y, batch.valid, **options)
 
-    return skip_empty(step, state, batch)
+    return skip_empty(step, state, batch, self.spec.neurons)
 
   def exit(self, state: TrainState) -> TrainState:
     """The state as it is."""
@@ -376,7 +366,10 @@ def train_epoch(state: TrainState, task: steps.TaskRows, *, step: steps.TrainSte
     state, stats = step(state, batch)
     return (state, jax.tree.map(jnp.add, totals, stats)), None
 
-  zeros = steps.StepStats.zeros(state.gaba_counts.shape[-1])
+  first = steps.Batch(task.x[order[0]], task.y[order[0]], positions[0] < task.size, order[0], True, True)
+  zeros = jax.tree.map(
+    jnp.zeros_like, jax.eval_shape(lambda s, b: step(s, b)[1], state, first)
+  )  # the StepStats, as zeros
   (state, totals), _ = jax.lax.scan(body, (state, zeros), (order, positions))
   count = jnp.maximum(task.size, 1).astype(jnp.float32)
   num_steps = jnp.maximum(-(-task.size // batch_size), 1)
@@ -528,7 +521,7 @@ def end_task(
   train_sizes,
   task,
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   regularizer: regularizers.RegularizerSpec,
 ) -> TrainState:
   """The task boundary: importances on the just-finished task `task`, new anchors.
@@ -555,7 +548,7 @@ def end_task(
 
 def make_end_task(
   *,
-  spec: models.ModelSpec,
+  spec: steps.Model,
   regularizer: regularizers.RegularizerSpec,
   seed_axis_data: bool,
   seed_loop: str = "auto",
@@ -594,7 +587,7 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
 
   def one_task(args):
     x, y, size, classes = args
-    logits, _ = models.forward(state.params, to_float_input(x), spec=spec, gaba_counts=state.gaba_counts, **layer)
+    logits, _ = spec.apply(state.params, state.gaba_counts, to_float_input(x), **layer)
     valid = jnp.arange(x.shape[0]) < size
     in_task = jnp.zeros((num_classes,), bool).at[classes].set(True)
     masked = jnp.where(in_task, logits, -jnp.inf)
@@ -607,7 +600,7 @@ def evaluate_tasks(state: TrainState, test_x, test_y, test_sizes, task_classes, 
 
 
 def make_evaluate(
-  *, spec: models.ModelSpec, seed_axis_data: bool, seed_loop: str = "auto", data_repeats: int = 1, mesh=None
+  *, spec: steps.Model, seed_axis_data: bool, seed_loop: str = "auto", data_repeats: int = 1, mesh=None
 ):
   """jit of `evaluate_tasks` over the leading seed axis (over the mesh's `seed` axis with `mesh`)."""
   fn = functools.partial(evaluate_tasks, spec=spec)

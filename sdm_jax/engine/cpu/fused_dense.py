@@ -130,7 +130,7 @@ class FusedDenseStep(NamedTuple):
       options = dict(spec=self.spec, sgd=self.sgd, regularizer=self.regularizer)
       return train_step(state, batch.x, batch.y, batch.valid, **options)
 
-    return train.skip_empty(step, state, batch)
+    return train.skip_empty(step, state, batch, self.spec.neurons)
 
   def exit(self, state: train.TrainState) -> train.TrainState:
     """The state as it is."""

@@ -188,6 +188,12 @@ def ineligibility(
   regularizer: regularizers.RegularizerSpec | None = None,
 ) -> str | None:
   """Why the sparse step could not be exact for this model/optimiser/regulariser, or None if it can."""
+  if not isinstance(spec, models.ModelSpec):  # a user's network (`networks.Network`)
+    layers = ", ".join(repr(path) for path, _ in spec.sdm_layers) or "none"
+    return (
+      f"{spec.name} is a user network (its SDM layers: {layers}): the sparse step implements the built-in "
+      "one-hidden-layer SDMLP (pixels -> SDM layer -> readout) only"
+    )
   if spec.hidden.k_schedule not in ("gaba", "flat"):
     return f"k_schedule {spec.hidden.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"
   if spec.hidden.inhibition != "subtract" and spec.hidden.k_schedule != "gaba":

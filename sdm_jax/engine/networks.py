@@ -1,0 +1,340 @@
+"""A Flax NNX network as the engine trains it: `Network`, the model protocol for any module.
+
+Synopsis::
+
+    class Net(nnx.Module):                       # any NNX module: logits [batch, classes] of x
+      def __init__(self, rngs): ...
+      def __call__(self, x): ...
+
+    net = networks.network(Net, input_shape=(28, 28))         # a function of nnx.Rngs, or a module
+    params, counters = net.init(jax.random.PRNGKey(0))        # plain dicts of arrays
+    logits, hidden = net.apply(params, counters, x, train=True)
+    activity, fired = net.unit_stats(hidden, valid)
+    counters = net.advance(counters, hidden, fired)
+
+The engine (`train`, `continual`, `fit`) trains a model through five methods, which the built-in
+one-hidden-layer models (`models.ModelSpec`) and this wrapper of a user's NNX module both have:
+`init`, `apply`, `unit_stats`, `advance` and `constraint` (with `num_classes`, `neurons` and
+`layer_values`). So the paper's protocol, the regularisers, the stacked seeds, the checkpoints and
+the population over a learning rate or a regulariser's strength serve any network.
+
+The state a training step carries is plain: the module's `nnx.Param` values as a nested dict
+(`params`; string keys, an `nnx.List`'s indices as "0", "1", ...), and its other variables (its
+`nnx_layer.SDM` layers' GABA counters, BatchNorm statistics, dropout's RNG streams as raw uint32
+key data) as another (`counters`, `TrainState.gaba_counts`). The graph (`nnx.GraphDef`) is static.
+
+The GABA counters of the SDM layers advance by the batch's real rows only: the engine runs the
+layers with their counters frozen, reads each layer's a* (`SDM.record_activations`) and counts the
+firings of the rows the batch marks valid (Eq. 12's C_i, `sdm_layer.firings` with the layer's
+`count_per`), as the built-in models count. (`sdm_layers` and the statistics list the layers in
+the order of the module's attributes, as `nnx.iter_modules` walks them.) Everything else in the module runs as in its own
+training mode (`nnx.Module.train`): dropout draws from the module's RNG streams; a BatchNorm's
+batch statistics include the padding rows of a task's last, partly filled batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, NamedTuple
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+from sdm_jax.core import nnx_layer, paths, projection, sdm_layer, topk
+
+
+class Hidden(NamedTuple):
+  """What a training forward pass of a `Network` returns beside the logits."""
+
+  #: Each SDM layer's a* [batch, ..., neurons], in `Network.sdm_layers` order.
+  activations: tuple
+  #: The module's non-Param variables after the pass (its RNG streams advanced, its BatchNorm
+  #: statistics updated), the SDM layers' counters not yet advanced (`Network.advance` does).
+  variables: dict
+
+
+class NetworkError(ValueError):
+  """A network the engine cannot train, with the reason (raised when `network` wraps it)."""
+
+
+def _string_keys(tree):
+  """A pure dict with every key a string (an `nnx.List` index 0 -> "0"), as checkpoints store it."""
+  return {str(k): _string_keys(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _is_key(leaf) -> bool:
+  return jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _storable(state: nnx.State) -> dict:
+  """A module's state as the engine's plain dict: string keys, PRNG keys as their uint32 data."""
+  return jax.tree.map(lambda a: jax.random.key_data(a) if _is_key(a) else a, _string_keys(nnx.to_pure_dict(state)))
+
+
+def _state_of(template: nnx.State, stored: dict) -> nnx.State:
+  """A fresh `nnx.State` shaped as `template` (the abstract module's) holding `stored`'s arrays."""
+  state = jax.tree.map(lambda v: v, template)  # new Variables: the template stays abstract
+  shapes = _string_keys(nnx.to_pure_dict(state))
+  values = jax.tree.map(lambda shape, a: jax.random.wrap_key_data(a) if _is_key(shape) else a, shapes, stored)
+  nnx.replace_by_pure_dict(state, values)
+  return state
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Network:
+  """A user's NNX module behind the engine's model protocol (build it with `network`).
+
+  Attributes:
+    name: what the logs and results call it (the class name by default).
+    build: a function of an `nnx.Rngs` that returns a fresh module (each seed's initialisation), or
+      None when the network was given as a module (every seed then starts from its weights).
+    graphdef: the module's static graph.
+    params_template: the abstract `nnx.Param` state (shapes and dtypes).
+    counters_template: the abstract state of its other variables.
+    initial: (params, counters) of a given module, else None.
+    sdm_layers: (path, `sdm_layer.SDMSpec`) of each `nnx_layer.SDM` layer, e.g. ("head/sdm", spec), in
+      the order `nnx.iter_modules` walks the module (its attributes by name, not the call order).
+    num_classes: the width of the logits.
+    input_shape: one example's shape as the module takes it (the dataset's stored shape).
+    values: the value layers the SDM constraint keeps >= 0 (`nnx_layer.projection`'s `values`), or None.
+  """
+
+  name: str
+  build: Callable[[nnx.Rngs], nnx.Module] | None
+  graphdef: Any
+  params_template: Any
+  counters_template: Any
+  initial: tuple[dict, dict] | None
+  sdm_layers: tuple[tuple[str, sdm_layer.SDMSpec], ...]
+  num_classes: int
+  input_shape: tuple[int, ...]
+  values: paths.Marks | None = None
+
+  @property
+  def neurons(self) -> int:
+    """The units the training statistics count: every SDM layer's neurons (0 without one)."""
+    return sum(spec.neurons for _, spec in self.sdm_layers)
+
+  @property
+  def gaba_layers(self) -> tuple[tuple[str, sdm_layer.SDMSpec], ...]:
+    """The SDM layers with the GABA switch."""
+    return tuple((path, spec) for path, spec in self.sdm_layers if spec.k_schedule == "gaba")
+
+  def describe(self) -> str:
+    """One line: the name, its parameter count and its SDM layers."""
+    count = sum(int(v.size) for v in jax.tree.leaves(self.params_template))
+    layers = ", ".join(f"{path} (r={spec.neurons}, k={spec.k}, {spec.k_schedule})" for path, spec in self.sdm_layers)
+    return f"{self.name} ({count:,} parameters; SDM layers: {layers or 'none'})"
+
+  def init(self, key) -> tuple[dict, dict]:
+    """(params, counters) of a fresh module built from `key` (an `nnx.Rngs` of it); a given module's own."""
+    if self.build is None:
+      return jax.tree.map(jnp.asarray, self.initial)
+    _, params, counters = nnx.split(self.build(nnx.Rngs(key)), nnx.Param, ...)
+    return _storable(params), _storable(counters)
+
+  def module(self, params: dict, counters: dict) -> nnx.Module:
+    """The module holding these arrays (for a user's own analysis: `module(state.params, state.gaba_counts)`)."""
+    return nnx.merge(
+      self.graphdef, _state_of(self.params_template, params), _state_of(self.counters_template, counters)
+    )
+
+  def apply(self, params: dict, counters: dict, x: jax.Array, *, train: bool = False, key=None, **layer):
+    """(logits, `Hidden` in training else None) of x [batch, *input_shape] (float32; [batch, features]
+    is reshaped to `input_shape`).
+
+    Training mode: the module's `train()` (dropout on, batch statistics), the SDM layers' counters
+    frozen and their a* recorded; evaluation: `eval()`. `key` and `layer` (the built-in models'
+    dropout key and k, T) are unused: the module draws from its own RNG streams."""
+    del key, layer
+    x = x.reshape((x.shape[0], *self.input_shape))  # (the engine keeps a task's examples flattened)
+    module = self.module(params, counters)
+    module.train() if train else module.eval()
+    for _, sdm in nnx_layer.sdm_modules(module):
+      sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
+      sdm.record_activations = train
+    if not train:
+      return module(x), None
+    logits, recorded = nnx.capture(module, nnx.Intermediate)(x)
+    activations = tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers)
+    _, _, variables = nnx.split(module, nnx.Param, ...)
+    return logits, Hidden(activations, _storable(variables))
+
+  def layer_activations(self, params: dict, counters: dict, x: jax.Array) -> tuple[jax.Array, ...]:
+    """Each SDM layer's a* [batch, ..., neurons] of x in evaluation mode (counters frozen), in
+    `sdm_layers` order: what the analyses read per layer."""
+    module = self.module(params, counters)
+    module.eval()
+    for _, sdm in nnx_layer.sdm_modules(module):
+      sdm.record_activations = True
+    _, recorded = nnx.capture(module, nnx.Intermediate)(x.reshape((x.shape[0], *self.input_shape)))
+    return tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers)
+
+  def unit_stats(self, hidden: Hidden, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(activity, fired), each float32 [neurons] over the SDM layers in order: the units' summed a*
+    over the valid rows (every position of a row) and Eq. 12's firing increments (`sdm_layer.firings`
+    with each layer's `count_per`)."""
+    activity, fired = [jnp.zeros((0,))], [jnp.zeros((0,))]
+    for a_star, (_, spec) in zip(hidden.activations, self.sdm_layers):
+      mask = valid.astype(a_star.dtype).reshape(valid.shape + (1,) * (a_star.ndim - 1))
+      activity.append(jnp.sum((a_star * mask).reshape(-1, a_star.shape[-1]), axis=0))
+      fired.append(sdm_layer.firings(a_star, valid, count_per=spec.count_per))
+    return jnp.concatenate(activity), jnp.concatenate(fired)
+
+  def advance(self, counters: dict, hidden: Hidden, fired: jax.Array) -> dict:
+    """The counters after a training batch: the module's variables after the pass, each GABA
+    layer's counters advanced by its slice of `fired` (`unit_stats`, summed over a data axis)."""
+    del counters  # the pass's variables supersede them
+    variables, start = hidden.variables, 0
+    for path, spec in self.sdm_layers:
+      if spec.k_schedule == "gaba":
+        layer = _at(variables, path)
+        variables = _replaced(
+          variables, path, {**layer, "counts": layer["counts"] + fired[start : start + spec.neurons]}
+        )
+      start += spec.neurons
+    return variables
+
+  def layer_values(self, epoch, hyper: dict | None) -> dict:
+    """The built-in models' per-member k and T; a network's layers hold their own: none."""
+    del epoch, hyper
+    return {}
+
+  @property
+  def population_fields(self) -> tuple[str, ...]:
+    """The `TrainState.hyper` fields a population may give this model: none (its layers fix k and T)."""
+    return ()
+
+  def gaba_lambda_mean(self, counters: dict, switch=None) -> jax.Array:
+    """Mean λ (Eq. 12) per model of stacked counters [S, ...] over the GABA layers' neurons; None
+    without one."""
+    del switch  # (a population cannot vary a network's T)
+    lam = [topk.gaba_lambda(_at(counters, path)["counts"], spec.switch_activations) for path, spec in self.gaba_layers]
+    return None if not lam else jnp.concatenate(lam, axis=-1).mean(-1)
+
+  def constraint(self) -> optax.GradientTransformation | None:
+    """The SDM constraint as the chain's last step: each SDM layer's addresses (>= 0 and unit norm
+    as its `positive` and `l2_norm` say) and the `values` layers >= 0; None without an SDM layer."""
+    groups: dict[tuple[bool, bool], list[str]] = {}
+    for path, spec in self.sdm_layers:
+      groups.setdefault((spec.positive, spec.l2_norm), []).append(path)
+    parts = [
+      _projection(marked, positive=positive, l2_norm=l2_norm)
+      for (positive, l2_norm), marked in groups.items()
+      if positive or l2_norm
+    ]
+    if self.values is not None:
+      parts.append(_projection(None, values=self.values))
+    return optax.chain(*parts) if parts else None
+
+
+def _projection(addresses, **options):
+  return projection.sdm_projection(addresses, address_ndim=1, **options)
+
+
+def _at(tree, path: str):
+  """The sub-tree at a path such as 'head/sdm' (an `nnx.List` index as "0": a key of the engine's
+  dicts, an int of an `nnx.State`)."""
+  for part in path.split("/"):
+    tree = tree[part] if part in tree else tree[int(part)]
+  return tree
+
+
+def _replaced(tree: dict, path: str, value) -> dict:
+  """`tree` with the sub-dict at `path` replaced (a new dict along the path; the rest shared)."""
+  head, _, rest = path.partition("/")
+  return {**tree, head: _replaced(tree[head], rest, value) if rest else value}
+
+
+def network(
+  model: nnx.Module | Callable[[nnx.Rngs], nnx.Module],
+  *,
+  input_shape: tuple[int, ...],
+  name: str | None = None,
+  values: paths.Marks | None = None,
+) -> Network:
+  """Wraps an NNX module, or a function of an `nnx.Rngs` that builds one (each seed its own
+  initialisation), for the engine. `input_shape`: one example's shape as the module takes it
+  (the dataset's stored shape: MNIST's (28, 28), an embedding's (features,)); the module gets
+  float32 inputs (uint8 pixels scaled by 1/255) and must return logits [batch, classes].
+  `values`: the value layers the SDM constraint keeps >= 0 (paths such as "out", as
+  `nnx_layer.projection` takes them).
+
+  Raises `NetworkError` naming what is wrong: the module's call fails or does not return
+  [batch, classes] logits on an input of `input_shape`, or an SDM layer has the linear k schedule
+  (its k follows an epoch the module would have to be handed; use "gaba" or "flat").
+  """
+  if isinstance(model, nnx.Module):
+    build, abstract = None, model
+    name = name or type(model).__name__
+  elif callable(model):
+    build = _builder(model)
+    try:
+      abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
+    except Exception as e:
+      raise NetworkError(f"model: building it with nnx.Rngs(0) failed: {type(e).__name__}: {e}") from e
+    name = name or getattr(model, "__name__", type(model).__name__)
+    if name == "<lambda>":
+      name = type(abstract).__name__
+  else:
+    raise NetworkError(f"model: must be an nnx.Module or a function of nnx.Rngs that builds one, got {model!r}")
+  graphdef, params, counters = nnx.split(abstract, nnx.Param, ...)
+  layers = tuple((path, module.spec) for path, module in nnx_layer.sdm_modules(abstract))
+  for path, spec in layers:
+    if spec.k_schedule == "linear":
+      raise NetworkError(
+        f"model: SDM layer {path!r} has k_schedule 'linear', whose k follows the epoch, which the engine does "
+        "not hand a network: use 'gaba' or 'flat'"
+      )
+  initial = None
+  if build is None:
+    initial = (_storable(params), _storable(counters))
+    params, counters = jax.eval_shape(lambda: params), jax.eval_shape(lambda: counters)
+  net = Network(
+    name=name,
+    build=build,
+    graphdef=graphdef,
+    params_template=params,
+    counters_template=counters,
+    initial=initial,
+    sdm_layers=layers,
+    num_classes=0,
+    input_shape=tuple(int(d) for d in input_shape),
+    values=values,
+  )
+  return dataclasses.replace(net, num_classes=_num_classes(net))
+
+
+def _builder(model: Callable) -> Callable[[nnx.Rngs], nnx.Module]:
+  """A function of an `nnx.Rngs`: `model(rngs=...)` when it takes a parameter named `rngs` (an NNX
+  module's class, whose `rngs` is keyword-only by convention), else `model(rngs)`."""
+  try:
+    takes_rngs = "rngs" in inspect.signature(model.__init__ if isinstance(model, type) else model).parameters
+  except (TypeError, ValueError):  # (a builtin without a signature)
+    takes_rngs = False
+  return functools.partial(_call_with_rngs, model) if takes_rngs else model
+
+
+def _call_with_rngs(model: Callable, rngs: nnx.Rngs) -> nnx.Module:
+  return model(rngs=rngs)
+
+
+def _num_classes(net: Network) -> int:
+  """The logits' width, from an abstract evaluation pass on two examples of `input_shape`."""
+  x = jax.ShapeDtypeStruct((2, *net.input_shape), jnp.float32)
+  params, counters = jax.eval_shape(net.init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+  try:
+    logits = jax.eval_shape(lambda p, c, x: net.apply(p, c, x)[0], params, counters, x)
+  except Exception as e:
+    raise NetworkError(
+      f"model: {net.name} failed on an input of shape {x.shape} (batch, *input_shape): {type(e).__name__}: {e}"
+    ) from e
+  if logits.ndim != 2 or logits.shape[0] != 2:
+    raise NetworkError(
+      f"model: {net.name} returned an array of shape {logits.shape} for a batch of 2; it must return logits [batch, classes]"
+    )
+  return int(logits.shape[1])
