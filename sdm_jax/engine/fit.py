@@ -232,6 +232,10 @@ def fit(
   validation.check_schedule("", epochs_per_task, eval_every, batch_size)
   seeds = list(validation.check_seeds("seeds", seeds))
   spec = _model_spec(model, tuple(dataset["train_images"].shape[1:]), len(order), neurons, k)
+  if isinstance(spec, networks.Network) and gaba_switch_epochs is not None:
+    validation.fail(
+      "gaba_switch_epochs", f"{spec.name}'s SDM layers take their own T (switch_epochs, switch_activations)"
+    )
   if isinstance(spec, networks.Network) and isinstance(optimizer, str) and optimizer.startswith("lazy_"):
     validation.fail(
       "optimizer", f"{optimizer!r} reads the built-in models' 'hidden' and 'output' layers: use {optimizer[5:]!r}"
@@ -253,6 +257,9 @@ def fit(
   with contextlib.nullcontext() if workdir is None else workdir_lib.hold(workdir):
     policy = _policy(spec, optimizer, learning_rate, clip_norm, regularizer, train_step)
     tx = _with_projection(spec, optimizer) if policy is None else policy.tx()
+    if policy is None:  # (named in the results: the step it trains with, and why)
+      why = "the optimizer is an optax transformation"
+      policy = step_policy.StepPolicy(spec, step_policy.OptimizerSettings(), sgd=None, reason=why)
     return _fit_run(spec, tasks, schedule, seeds, tx, regularizer, workdir, policy)
 
 
