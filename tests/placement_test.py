@@ -88,3 +88,13 @@ def test_committed_arrays_on_two_platforms_are_refused(monkeypatch):
   monkeypatch.setattr(placement, "_devices", lambda leaf: (Elsewhere(),) if isinstance(leaf, str) else (cpu,))
   with pytest.raises(ValueError, match=r"several platforms \(cpu, gpu\)"):
     placement.platform(jnp.ones(2), "an array on a GPU")
+
+
+def test_the_cpu_vector_extension_is_read_from_the_cpu_flags():
+  isa = placement.cpu_vector_isa()
+  assert isa in ("avx512", "avx2", "other")
+  try:
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+  except (OSError, StopIteration):
+    return
+  assert (isa == "avx512") == ("avx512f" in flags) and (isa == "avx2") == ("avx2" in flags and "avx512f" not in flags)

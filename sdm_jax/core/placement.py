@@ -77,3 +77,15 @@ def _devices(leaf) -> tuple:
     return tuple(leaf.devices()) if leaf.committed else ()
   except (jax.errors.ConcretizationTypeError, AttributeError):  # a tracer: the default device decides
     return ()
+
+
+def cpu_vector_isa() -> str:
+  """The host CPU's widest vector extension XLA:CPU compiles for: "avx512", "avx2", or "other" (also
+  off Linux, where /proc/cpuinfo is missing). XLA rounds some reductions differently with each, so a
+  float result pinned bitwise on one (a committed check) is pinned per extension."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+  except OSError:
+    return "other"
+  return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
