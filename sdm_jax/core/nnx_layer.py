@@ -209,11 +209,18 @@ def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax
 
   An SDM kernel is [in_features, neurons]: axes before those are layers stacked by `nnx.vmap` or
   `nnx.scan` (a Transformer's blocks), and each layer's addresses are normalised on their own."""
-  groups: dict[tuple[bool, bool], list] = {}
-  for path, module in sdm_modules(model):
-    groups.setdefault((module.spec.positive, module.spec.l2_norm), []).append(path)
-  if not groups:
+  layers = [(path, module.spec) for path, module in sdm_modules(model)]
+  if not layers:
     raise ValueError("model: no SDM module in it")
+  return layers_projection(layers, values=values) or optax.identity()
+
+
+def layers_projection(layers, *, values: paths.Marks | None = None) -> optax.GradientTransformation | None:
+  """`sdm_projection` for SDM layers given as (path, `sdm_layer.SDMSpec`) pairs, each with its own
+  `positive` and `l2_norm`, and the `values` layers >= 0; None when there is nothing to constrain."""
+  groups: dict[tuple[bool, bool], list] = {}
+  for path, spec in layers:
+    groups.setdefault((spec.positive, spec.l2_norm), []).append(path)
   parts = [
     projection_lib.sdm_projection(marked, positive=positive, l2_norm=l2_norm, address_ndim=1)
     for (positive, l2_norm), marked in groups.items()
@@ -221,4 +228,4 @@ def projection(model: nnx.Module, *, values: paths.Marks | None = None) -> optax
   ]
   if values is not None:
     parts.append(projection_lib.sdm_projection(values=values))
-  return optax.chain(*parts) if parts else optax.identity()
+  return optax.chain(*parts) if parts else None

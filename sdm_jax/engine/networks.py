@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sdm_jax.core import nnx_layer, paths, projection, sdm_layer, topk
+from sdm_jax.core import nnx_layer, paths, sdm_layer, topk
 
 
 class Hidden(NamedTuple):
@@ -151,28 +151,30 @@ class Network:
     frozen and their a* recorded; evaluation: `eval()`. `key` and `layer` (the built-in models'
     dropout key and k, T) are unused: the module draws from its own RNG streams."""
     del key, layer
+    logits, activations, module = self._run(params, counters, x, train=train, record=train)
+    if not train:
+      return logits, None
+    _, _, variables = nnx.split(module, nnx.Param, ...)
+    return logits, Hidden(activations, _storable(variables))
+
+  def _run(self, params, counters, x, *, train: bool, record: bool):
+    """(logits, each SDM layer's a* when `record` else (), the module after the pass) of x, in the
+    module's training or evaluation mode, its SDM layers' counters frozen."""
     x = x.reshape((x.shape[0], *self.input_shape))  # (the engine keeps a task's examples flattened)
     module = self.module(params, counters)
     module.train() if train else module.eval()
     for _, sdm in nnx_layer.sdm_modules(module):
       sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
-      sdm.record_activations = train
-    if not train:
-      return module(x), None
+      sdm.record_activations = record
+    if not record:
+      return module(x), (), module
     logits, recorded = nnx.capture(module, nnx.Intermediate)(x)
-    activations = tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers)
-    _, _, variables = nnx.split(module, nnx.Param, ...)
-    return logits, Hidden(activations, _storable(variables))
+    return logits, tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers), module
 
   def layer_activations(self, params: dict, counters: dict, x: jax.Array) -> tuple[jax.Array, ...]:
     """Each SDM layer's a* [batch, ..., neurons] of x in evaluation mode (counters frozen), in
     `sdm_layers` order: what the analyses read per layer."""
-    module = self.module(params, counters)
-    module.eval()
-    for _, sdm in nnx_layer.sdm_modules(module):
-      sdm.record_activations = True
-    _, recorded = nnx.capture(module, nnx.Intermediate)(x.reshape((x.shape[0], *self.input_shape)))
-    return tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers)
+    return self._run(params, counters, x, train=False, record=True)[1]
 
   def unit_stats(self, hidden: Hidden, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(activity, fired), each float32 [neurons] over the SDM layers in order: the units' summed a*
@@ -218,22 +220,9 @@ class Network:
 
   def constraint(self) -> optax.GradientTransformation | None:
     """The SDM constraint as the chain's last step: each SDM layer's addresses (>= 0 and unit norm
-    as its `positive` and `l2_norm` say) and the `values` layers >= 0; None without an SDM layer."""
-    groups: dict[tuple[bool, bool], list[str]] = {}
-    for path, spec in self.sdm_layers:
-      groups.setdefault((spec.positive, spec.l2_norm), []).append(path)
-    parts = [
-      _projection(marked, positive=positive, l2_norm=l2_norm)
-      for (positive, l2_norm), marked in groups.items()
-      if positive or l2_norm
-    ]
-    if self.values is not None:
-      parts.append(_projection(None, values=self.values))
-    return optax.chain(*parts) if parts else None
-
-
-def _projection(addresses, **options):
-  return projection.sdm_projection(addresses, address_ndim=1, **options)
+    as its `positive` and `l2_norm` say) and the `values` layers >= 0 (`nnx_layer.layers_projection`);
+    None when there is nothing to constrain."""
+    return nnx_layer.layers_projection(self.sdm_layers, values=self.values)
 
 
 def _at(tree, path: str):
