@@ -186,7 +186,9 @@ def analyze_command(config, workdir) -> str | None:
   if config.get("dataset") not in ("mnist", "fashion_mnist") or _has_population(config):
     return None
   command = f"python -m experiments.analyze --workdir={shlex.quote(str(workdir))}"
-  missing = missing_extra("matplotlib", "it") or missing_extra("umap", "its UMAP (or add --no_umap)")
+  missing = missing_extra("matplotlib", "it")
+  if config.get("model", {}).get("kind") != "network":  # (UMAP reads the built-in MLP's hidden layer)
+    missing = missing or missing_extra("umap", "its UMAP (or add --no_umap)")
   return command + (f"  ({missing})" if missing else "")
 
 

@@ -189,6 +189,8 @@ def test_the_analyze_command_names_the_workdir_and_any_extra_it_lacks(monkeypatc
     "python -m experiments.analyze --workdir=/tmp/r  (its UMAP (or add --no_umap) needs umap-learn, which is not "
     "installed: pip install -e '.[analysis]')"
   )
+  network = split_mnist.get_config("cnn_sdm,tiny")  # (a network's run has no UMAP: it needs no umap)
+  assert cli.analyze_command(network, "/tmp/r") == "python -m experiments.analyze --workdir=/tmp/r"
   monkeypatch.setitem(sys.modules, "matplotlib", None)
   assert cli.analyze_command(config, "/tmp/r").endswith(
     "(it needs matplotlib, which is not installed: pip install -e '.[analysis]')"

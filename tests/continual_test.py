@@ -8,6 +8,7 @@ import re
 import time
 import tracemalloc
 
+from flax import nnx
 import numpy as np
 import optax
 import pytest
@@ -125,7 +126,14 @@ def _small(**changes):
   args = dict(x=x, y=y, neurons=20, k=5, epochs_per_task=2, batch_size=8)
   for name, change in changes.items():
     args[name] = change(args) if callable(change) else change
+  if not isinstance(args.get("model", ""), str):  # (a given model has its own width)
+    for name in {"neurons", "k"} - set(changes):
+      del args[name]
   return args
+
+
+def _linear_network(rngs):
+  return nnx.Linear(3, 4, rngs=rngs)
 
 
 def _with(name, index, value):
@@ -194,6 +202,11 @@ FIT_REFUSALS = {
     dict(model="mlp"),
     r"model: must be an NNX module, a function of nnx\.Rngs, a models\.ModelSpec or one of",
   ),
+  "neurons with a ModelSpec": (
+    dict(model=models.sdmlp(3, 20, 4), neurons=50),
+    r"neurons: sets the width of a built-in model given by name \(sdmlp, relu, topk\); the model given has its own",
+  ),
+  "k with a network": (dict(model=lambda _: _linear_network, k=5), r"k: sets the width of a built-in"),
   "a ModelSpec for other inputs": (dict(model=models.sdmlp(784, 20, 4)), r"model: input_size 784 does not match the 3"),
   "unknown optimizer": (dict(optimizer="lion"), r"optimizer: must be an optax.GradientTransformation or one of"),
   "learning_rate with an optax optimizer": (
@@ -201,6 +214,10 @@ FIT_REFUSALS = {
     r"learning_rate: belongs inside the optax transformation",
   ),
   "learning_rate 0": (dict(learning_rate=0.0), r"learning_rate: must be > 0, got 0\.0"),
+  "a regulariser by name": (
+    dict(regularizer="ewc"),
+    r"regularizer: must be a regularizers\.RegularizerSpec or None, got 'ewc' \(e\.g\. regularizers\.RegularizerSpec\(\"ewc\", strength=\.\.\.\)\)",
+  ),
   "a regulariser of strength 0": (
     dict(regularizer=regularizers.RegularizerSpec("ewc", 0.0)),
     r"regularizer\.strength: must be > 0",

@@ -123,15 +123,7 @@ def test_the_gaba_counters_count_the_real_rows_as_the_module_itself_counts_them(
 
 
 def test_a_network_the_engine_cannot_train_is_refused_naming_why():
-  class Linear(nnx.Module):
-    def __init__(self, rngs):
-      self.sdm = sdm_jax.SDM(4, 8, k=2, k_schedule="linear", rngs=rngs)
-
-    def __call__(self, x):
-      return self.sdm(x)
-
-  with pytest.raises(networks.NetworkError, match="SDM layer 'sdm' has k_schedule 'linear'"):
-    networks.network(Linear, input_shape=(4,))
+  # (A linear-schedule SDM layer is trained: the engine sets its epoch; tests/mlp_test.py's Top-K.)
   with pytest.raises(networks.NetworkError, match=r"failed on an input of shape \(2, 5\)"):
     networks.network(lambda rngs: nnx.Linear(4, 3, rngs=rngs), input_shape=(5,))
   with pytest.raises(networks.NetworkError, match=r"returned an array of shape \(2, 3, 2\)"):

@@ -164,6 +164,19 @@ def test_linear_schedule_needs_the_epoch():
     layer(x)
   assert int(((layer(x, epoch=0)) > 0).sum(-1).max()) == NEURONS  # k_max = neurons: all kept (no zero input)
   np.testing.assert_array_equal(np.asarray((layer(x, epoch=10) > 0).sum(-1)), np.full(BATCH, K))
+  layer.epoch = 10  # (a trainer that calls the whole module sets it: `sdm_jax.engine.networks`)
+  np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(layer(x, epoch=10)))
+  assert not np.array_equal(np.asarray(layer(x)), np.asarray(layer(x, epoch=0)))  # (a given epoch wins)
+
+
+def test_the_none_schedule_is_the_relu_layer_of_eq_3():
+  layer = nnx_layer.SDM(
+    IN, NEURONS, k_schedule="none", positive=False, l2_norm=False, use_bias=True, rngs=nnx.Rngs(0)
+  )
+  x = jnp.asarray(_batches(steps=1)[0][0], jnp.float32)
+  expected = jax.nn.relu(x @ layer.kernel[...] + layer.bias[...])
+  np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(expected))
+  np.testing.assert_array_equal(np.asarray(layer.counts[...]), np.zeros(NEURONS))  # (no switch: no counting)
 
 
 def test_projection_finds_every_sdm_layer():

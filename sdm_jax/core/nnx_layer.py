@@ -51,7 +51,9 @@ class SDM(nnx.Module):
     k_schedule: "gaba" (App. B.3, Eq. 12: a*_i = [a_i - λ_i I]_+, I the (k+1)-th largest
       activation, λ_i = clip(-1 + 2 C_i / T, -1, 1): every neuron is excited, then inhibited as it
       fires), "linear" (Eq. 4: k anneals from k_max to k over k_transition_epochs; pass `epoch=`),
-      or "flat" (k from the start).
+      "flat" (k from the start), or "none" (no Top-K: the plain ReLU layer of Eq. 3, as the ReLU
+      MLP's hidden layer; with positive=False, l2_norm=False, use_bias=True it is an `nnx.Linear`
+      and a ReLU, initialised as PyTorch's nn.Linear).
     inhibition: "subtract" the (k+1)-th largest activation (Eq. 4) or "mask" (keep the raw top k;
       Table 2). The GABA switch always subtracts.
     switch_activations: T of Eq. 12 as a firing count (in the unit of `count_per`): a neuron that
@@ -119,8 +121,6 @@ class SDM(nnx.Module):
     kernel_init: nnx.Initializer | None = None,
     rngs: nnx.Rngs,
   ):
-    if k_schedule == "none":
-      raise ValueError("k_schedule must be 'gaba', 'linear' or 'flat' (for a ReLU layer use nnx.Linear)")
     self.spec = sdm_layer.SDMSpec(
       neurons=neurons,
       k=k,
@@ -150,18 +150,21 @@ class SDM(nnx.Module):
       self.bias = nnx.Param(params["bias"].astype(param_dtype))
     self.counts = GabaCounts(sdm_layer.init_counts(self.spec))
     self.deterministic = False
+    # The global epoch the linear schedule reads when a call passes none: set by a trainer that
+    # runs the module as a whole (`sdm_jax.engine.networks`), whose own call cannot pass it.
+    self.epoch = None
     # Set by a trainer that counts firings itself (`sdm_jax.engine.networks`): each call then sows
     # a* as an `nnx.Intermediate` named "a_star" (`nnx.capture` collects it).
     self.record_activations = False
 
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
     """a* [..., neurons] of x [..., in_features] (the last axis, as `nnx.Linear`); `epoch` (global,
-    may be traced) only for "linear"."""
+    may be traced) only for "linear" (default: the layer's `epoch` attribute)."""
     bias = self.bias[...] if self.spec.use_bias else None
     x, kernel, bias = nnx.nn.dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
     params = {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
     a_star, counts = sdm_layer.apply(
-      params, self.counts[...], x, spec=self.spec, epoch=epoch, train=not self.deterministic
+      params, self.counts[...], x, spec=self.spec, epoch=self.epoch if epoch is None else epoch, train=not self.deterministic
     )
     if not self.deterministic:
       self.counts[...] = counts
@@ -187,7 +190,7 @@ def _switch(schedule, activations, epochs, dataset_size) -> float:
       raise ValueError(
         "k_schedule='gaba' needs T: switch_activations=T, or switch_epochs=E with dataset_size=N (T = E x N)"
       )
-    return sdm_layer.SDMSpec.switch_activations  # unused by "linear" and "flat"
+    return sdm_layer.SDMSpec.switch_activations  # unused by "linear", "flat" and "none"
   return activations
 
 

@@ -71,6 +71,11 @@ def _model_spec(model, input_shape: tuple[int, ...], num_classes: int, neurons, 
   a ModelSpec's names model.<field>); SDMLP's GABA T is set once the tasks are known. An NNX module,
   or a function of `nnx.Rngs` that builds one, becomes a `networks.Network`."""
   input_size = int(np.prod(input_shape))
+  if not isinstance(model, str):  # (a built model has its own: a number given here would be ignored)
+    for name, value in (("neurons", neurons), ("k", k)):
+      if value is not None:
+        validation.fail(name, f"sets the width of a built-in model given by name ({', '.join(FIT_MODELS)}); the model given has its own")
+  neurons, k = 1000 if neurons is None else neurons, 10 if k is None else k
   net = _network_of(model, input_shape)
   if net is not None:
     if net.num_classes != num_classes:
@@ -157,7 +162,8 @@ def _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, reg
     validation.check_number("gaba_switch_epochs", gaba_switch_epochs, low=0.0, low_open=True)
   if regularizer is not None:
     if not isinstance(regularizer, regularizers.RegularizerSpec):
-      validation.fail("regularizer", f"must be a regularizers.RegularizerSpec or None, got {regularizer!r}")
+      hint = f' (e.g. regularizers.RegularizerSpec("{regularizer}", strength=...))' if isinstance(regularizer, str) else ""
+      validation.fail("regularizer", f"must be a regularizers.RegularizerSpec or None, got {regularizer!r}{hint}")
     validation.check_regularizer(regularizer, "regularizer.", allow_none=False)
 
 
@@ -171,8 +177,8 @@ def fit(
   class_order: Sequence[int] | None = None,
   num_classes: int | None = None,
   model: models.ModelSpec | str | nnx.Module | Callable[[nnx.Rngs], nnx.Module] = "sdmlp",
-  neurons: int = 1000,
-  k: int = 10,
+  neurons: int | None = None,
+  k: int | None = None,
   gaba_switch_epochs: float | None = None,
   regularizer: regularizers.RegularizerSpec | None = None,
   optimizer: str | optax.GradientTransformation = "sgd",
@@ -194,7 +200,8 @@ def fit(
   the digits 0..9 would be an eleventh class): pass `num_classes` when they are real classes.
   Without a test split the training data is evaluated on (say so when you report).
   Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
-  "sdmlp", "relu", "topk" (with `neurons`, `k`) or any `models.ModelSpec`; SDMLP's GABA T is
+  "sdmlp", "relu", "topk" (with `neurons`, default 1000, and `k`, default 10; a model given as a
+  spec or a network has its own, and either number given with it is refused) or any `models.ModelSpec`; SDMLP's GABA T is
   `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
   task's training examples. Or your own network: a function of an `nnx.Rngs` that builds an NNX
   module (each seed its own initialisation; stacked seeds stay one program), or a module (every

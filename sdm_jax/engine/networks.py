@@ -143,38 +143,48 @@ class Network:
       self.graphdef, _state_of(self.params_template, params), _state_of(self.counters_template, counters)
     )
 
-  def apply(self, params: dict, counters: dict, x: jax.Array, *, train: bool = False, key=None, **layer):
+  def apply(self, params: dict, counters: dict, x: jax.Array, *, train: bool = False, key=None, epoch=None):
     """(logits, `Hidden` in training else None) of x [batch, *input_shape] (float32; [batch, features]
     is reshaped to `input_shape`).
 
     Training mode: the module's `train()` (dropout on, batch statistics), the SDM layers' counters
-    frozen and their a* recorded; evaluation: `eval()`. `key` and `layer` (the built-in models'
-    dropout key and k, T) are unused: the module draws from its own RNG streams."""
-    del key, layer
-    logits, activations, module = self._run(params, counters, x, train=train, record=train)
+    frozen and their a* recorded; evaluation: `eval()`. `epoch` (from `layer_values`): the global
+    epoch the linear-schedule SDM layers read (Eq. 4). `key` (the built-in models' dropout key) is
+    unused: the module draws from its own RNG streams."""
+    del key
+    logits, activations, module = self._run(params, counters, x, train=train, record=train, epoch=epoch)
     if not train:
       return logits, None
     _, _, variables = nnx.split(module, nnx.Param, ...)
     return logits, Hidden(activations, _storable(variables))
 
-  def _run(self, params, counters, x, *, train: bool, record: bool):
+  def _run(self, params, counters, x, *, train: bool, record: bool, epoch=None):
     """(logits, each SDM layer's a* when `record` else (), the module after the pass) of x, in the
     module's training or evaluation mode, its SDM layers' counters frozen."""
     x = x.reshape((x.shape[0], *self.input_shape))  # (the engine keeps a task's examples flattened)
     module = self.module(params, counters)
     module.train() if train else module.eval()
-    for _, sdm in nnx_layer.sdm_modules(module):
+    layers = [sdm for _, sdm in nnx_layer.sdm_modules(module)]
+    for sdm in layers:
       sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
       sdm.record_activations = record
+      sdm.epoch = epoch if sdm.spec.k_schedule == "linear" else None
     if not record:
-      return module(x), (), module
-    logits, recorded = nnx.capture(module, nnx.Intermediate)(x)
+      logits, recorded = module(x), None
+    else:
+      logits, recorded = nnx.capture(module, nnx.Intermediate)(x)
+    for sdm in layers:
+      sdm.epoch = None  # (a traced value; the module is split after the pass)
+    if recorded is None:
+      return logits, (), module
     return logits, tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers), module
 
-  def layer_activations(self, params: dict, counters: dict, x: jax.Array) -> tuple[jax.Array, ...]:
+  def layer_activations(self, params: dict, counters: dict, x: jax.Array, epoch=None) -> tuple[jax.Array, ...]:
     """Each SDM layer's a* [batch, ..., neurons] of x in evaluation mode (counters frozen), in
-    `sdm_layers` order: what the analyses read per layer."""
-    return self._run(params, counters, x, train=False, record=True)[1]
+    `sdm_layers` order: what the analyses read per layer. `epoch`: a linear schedule's; None, the
+    end of the schedule (k = the layer's k)."""
+    epoch = jnp.asarray(1 << 30, jnp.int32) if epoch is None else epoch
+    return self._run(params, counters, x, train=False, record=True, epoch=epoch)[1]
 
   def unit_stats(self, hidden: Hidden, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(activity, fired), each float32 [neurons] over the SDM layers in order: the units' summed a*
@@ -202,9 +212,10 @@ class Network:
     return variables
 
   def layer_values(self, epoch, hyper: dict | None) -> dict:
-    """The built-in models' per-member k and T; a network's layers hold their own: none."""
-    del epoch, hyper
-    return {}
+    """`apply`'s values at a global epoch: the epoch, where an SDM layer has the linear k schedule
+    (Eq. 4). A population cannot vary a network's k or T: its layers hold their own."""
+    del hyper
+    return {"epoch": epoch} if any(spec.k_schedule == "linear" for _, spec in self.sdm_layers) else {}
 
   @property
   def population_fields(self) -> tuple[str, ...]:
@@ -251,11 +262,12 @@ def network(
   (the dataset's stored shape: MNIST's (28, 28), an embedding's (features,)); the module gets
   float32 inputs (uint8 pixels scaled by 1/255) and must return logits [batch, classes].
   `values`: the value layers the SDM constraint keeps >= 0 (paths such as "out", as
-  `nnx_layer.projection` takes them).
+  `nnx_layer.projection` takes them); None: the module's `sdm_values` attribute where it has one
+  (`mlp.MLP`'s), else none.
 
   Raises `NetworkError` naming what is wrong: the module's call fails or does not return
-  [batch, classes] logits on an input of `input_shape`, or an SDM layer has the linear k schedule
-  (its k follows an epoch the module would have to be handed; use "gaba" or "flat").
+  [batch, classes] logits on an input of `input_shape`. An SDM layer with the linear k schedule
+  (Eq. 4) reads the run's global epoch, which the engine sets on it (`nnx_layer.SDM.epoch`).
   """
   if isinstance(model, nnx.Module):
     build, abstract = None, model
@@ -271,14 +283,10 @@ def network(
       name = type(abstract).__name__
   else:
     raise NetworkError(f"model: must be an nnx.Module or a function of nnx.Rngs that builds one, got {model!r}")
+  if values is None:
+    values = getattr(abstract, "sdm_values", None)  # (a module may name its own, as `mlp.MLP` does)
   graphdef, params, counters = nnx.split(abstract, nnx.Param, ...)
   layers = tuple((path, module.spec) for path, module in nnx_layer.sdm_modules(abstract))
-  for path, spec in layers:
-    if spec.k_schedule == "linear":
-      raise NetworkError(
-        f"model: SDM layer {path!r} has k_schedule 'linear', whose k follows the epoch, which the engine does "
-        "not hand a network: use 'gaba' or 'flat'"
-      )
   initial = None
   if build is None:
     initial = (_storable(params), _storable(counters))
@@ -317,7 +325,7 @@ def _num_classes(net: Network) -> int:
   x = jax.ShapeDtypeStruct((2, *net.input_shape), jnp.float32)
   params, counters = jax.eval_shape(net.init, jax.ShapeDtypeStruct((2,), jnp.uint32))
   try:
-    logits = jax.eval_shape(lambda p, c, x: net.apply(p, c, x)[0], params, counters, x)
+    logits = jax.eval_shape(lambda p, c, x: net.apply(p, c, x, **net.layer_values(0, None))[0], params, counters, x)
   except Exception as e:
     raise NetworkError(
       f"model: {net.name} failed on an input of shape {x.shape} (batch, *input_shape): {type(e).__name__}: {e}"

@@ -1,0 +1,115 @@
+"""The built-in models as NNX modules (`sdm_jax.engine.mlp`): the functional model's logits and
+GABA counts bit for bit, its initial weights, its arrays in and out, and `fit` training the module
+as it trains the functional model, on real digits."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdm_jax import data
+from sdm_jax.engine import fit, mlp, models, networks, regularizers
+
+SPECS = {
+  "sdmlp": models.sdmlp(196, 40, 4, k=5, switch_activations=600.0),
+  "relu": models.relu_mlp(196, 40, 4),
+  "topk": models.topk_mlp(196, 40, 4, k=5, k_transition_epochs=4),
+  "hidden_bias_mask_flat": models.sdmlp(196, 40, 4, k=5, k_schedule="flat", inhibition="mask", use_bias=True),
+  "dropout": models.relu_mlp(196, 40, 4, dropout=0.3),
+}
+
+
+def _trained_counters(spec):
+  """Counters as after some training (a spread of C_i, so λ differs per neuron)."""
+  return jnp.arange(spec.neurons, dtype=jnp.float32) * 20.0
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_module_computes_the_functional_model_bit_for_bit(name, assert_platform_equal):
+  spec = SPECS[name]
+  params, _ = spec.init(jax.random.PRNGKey(3))
+  counters = _trained_counters(spec)
+  net = mlp.from_state(spec, params, counters)
+  net.eval()
+  x = jax.random.uniform(jax.random.PRNGKey(1), (16, 14, 14))  # an image batch: both flatten it
+  for epoch in (0, 2, 9):  # the linear schedule's k at the start, halfway, after (Eq. 4)
+    layer = spec.layer_values(jnp.asarray(epoch, jnp.int32), None)
+    expected = jax.jit(lambda p, c, x: spec.apply(p, c, x, **layer)[0])(params, counters, x)
+    got = nnx.jit(lambda net, x: net(x, epoch=jnp.asarray(epoch, jnp.int32)))(net, x)
+    assert_platform_equal(got, expected, ulps=4, err_msg=f"epoch {epoch}")
+
+  # Training mode advances the counters by the batch's firings, as the engine's `advance` does.
+  net.train()
+  _, hidden = spec.apply(params, counters, x.reshape(16, -1), **spec.layer_values(0, None))
+  net(x, epoch=jnp.asarray(0, jnp.int32))
+  if spec.hidden.k_schedule == "gaba":
+    _, fired = spec.unit_stats(hidden, jnp.ones(16, bool))
+    np.testing.assert_array_equal(np.asarray(net.hidden.counts[...]), np.asarray(spec.advance(counters, hidden, fired)))
+
+
+def test_a_module_starts_from_init_params_of_its_key():
+  spec = SPECS["relu"]
+  key = nnx.Rngs(7).params()  # the key `MLP` draws from the same Rngs
+  expected = models.init_params(key, spec)
+  params, counters = mlp.state_of(mlp.MLP(spec, rngs=nnx.Rngs(7)))
+  assert jax.tree.structure(params) == jax.tree.structure(expected)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, expected)
+  np.testing.assert_array_equal(np.asarray(counters), np.zeros(40))
+  positive = mlp.MLP(SPECS["sdmlp"], rngs=nnx.Rngs(7))
+  assert positive.sdm_values == "output" and mlp.MLP(spec, rngs=nnx.Rngs(0)).sdm_values is None
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(positive.hidden.kernel[...]), axis=0), 1.0, rtol=1e-6)
+
+
+def test_arrays_go_in_and_out_and_a_wrong_shape_names_the_field():
+  spec = SPECS["sdmlp"]
+  params, _ = spec.init(jax.random.PRNGKey(0))
+  net = mlp.from_state(spec, params, _trained_counters(spec))
+  back, counters = mlp.state_of(net)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), back, params)
+  np.testing.assert_array_equal(np.asarray(counters), np.asarray(_trained_counters(spec)))
+  with pytest.raises(ValueError, match=r"params\['output'\]\['kernel'\]: shape \(40, 3\), the module's is \(40, 4\)"):
+    mlp.from_state(spec, {**params, "output": {"kernel": jnp.zeros((40, 3))}})
+  with pytest.raises(TypeError, match="spec: must be a models.ModelSpec"):
+    mlp.MLP(spec.hidden, rngs=nnx.Rngs(0))
+
+
+def _digits(per_class: int, test_per_class: int, classes: int = 4):
+  """Real MNIST digits 0..classes-1, 2x2-average-pooled to 14x14 (196 float features in [0, 1])."""
+  mnist = data.load_dataset("mnist")
+
+  def take(images, labels, n):
+    keep = np.concatenate([np.flatnonzero(labels == c)[:n] for c in range(classes)])
+    pooled = images[keep].reshape(-1, 14, 2, 14, 2).mean((2, 4)) / 255.0
+    return pooled.reshape(len(keep), 196).astype(np.float32), labels[keep].astype(np.int32)
+
+  return (
+    *take(mnist["train_images"], mnist["train_labels"], per_class),
+    *take(mnist["test_images"], mnist["test_labels"], test_per_class),
+  )
+
+
+@pytest.mark.parametrize("name", ["sdmlp", "topk", "relu"])
+def test_fit_trains_the_module_as_the_functional_model(name, assert_platform_equal):
+  """Two tasks of real digits with EWC: the module (the network path, its constraint from
+  `sdm_values`) and the functional model (`train_step="dense"`) from the same weights train alike:
+  the same accuracies, and the same losses and statistics (bit for bit on a CPU)."""
+  spec = SPECS[name]
+  x, y, test_x, test_y = _digits(30, 20)
+  _, init_key = jax.random.split(jax.random.PRNGKey(0))  # seed 0's init key (`train.init_state`)
+  net = mlp.from_state(spec, models.init_params(init_key, spec))
+  options = dict(
+    test_x=test_x, test_y=test_y, epochs_per_task=4, batch_size=16, learning_rate=0.2,
+    regularizer=regularizers.RegularizerSpec("ewc", strength=100.0, beta=0.005),
+  )
+  a = fit.fit(x, y, model=spec, train_step="dense", **options)
+  b = fit.fit(x, y, model=net, **options)
+  assert b.results["training_step"].startswith("dense (MLP is a user network")
+  np.testing.assert_array_equal(a.acc_matrix, b.acc_matrix)
+  for row_a, row_b in zip(a.curves, b.curves):
+    for column in ("loss", "active_per_example", "dead_fraction") + (("gaba_lambda_mean",) if name == "sdmlp" else ()):
+      assert_platform_equal(row_b[column], row_a[column], ulps=64, err_msg=column)
+  assert a.acc_matrix[0].diagonal().max() > 0.85  # (it learns a task's two digits)
+  if name == "sdmlp":  # the readout stayed >= 0: the constraint came from `MLP.sdm_values`
+    trained = networks.network(net, input_shape=(196,))
+    assert trained.values == "output"
