@@ -90,16 +90,21 @@ def _digits(per_class: int, test_per_class: int, classes: int = 4):
 
 
 @pytest.mark.parametrize("name", ["sdmlp", "topk", "relu"])
-def test_fit_trains_the_module_as_the_functional_model(name, assert_platform_equal):
+def test_fit_trains_the_module_as_the_functional_model(name):
   """Two tasks of real digits with EWC: the module (the network path, its constraint from
   `sdm_values`) and the functional model (`train_step="dense"`) from the same weights train alike:
-  the same accuracies, and the same losses and statistics (bit for bit on a CPU)."""
+  the same accuracies, and the same losses and statistics to float rounding (two programs: bit for
+  bit with JAX 0.10 on an AVX2 CPU, one ulp apart on SDMLP's loss with JAX 0.12)."""
   spec = SPECS[name]
   x, y, test_x, test_y = _digits(30, 20)
   _, init_key = jax.random.split(jax.random.PRNGKey(0))  # seed 0's init key (`train.init_state`)
   net = mlp.from_state(spec, models.init_params(init_key, spec))
   options = dict(
-    test_x=test_x, test_y=test_y, epochs_per_task=4, batch_size=16, learning_rate=0.2,
+    test_x=test_x,
+    test_y=test_y,
+    epochs_per_task=4,
+    batch_size=16,
+    learning_rate=0.2,
     regularizer=regularizers.RegularizerSpec("ewc", strength=100.0, beta=0.005),
   )
   a = fit.fit(x, y, model=spec, train_step="dense", **options)
@@ -108,7 +113,7 @@ def test_fit_trains_the_module_as_the_functional_model(name, assert_platform_equ
   np.testing.assert_array_equal(a.acc_matrix, b.acc_matrix)
   for row_a, row_b in zip(a.curves, b.curves):
     for column in ("loss", "active_per_example", "dead_fraction") + (("gaba_lambda_mean",) if name == "sdmlp" else ()):
-      assert_platform_equal(row_b[column], row_a[column], ulps=64, err_msg=column)
+      np.testing.assert_allclose(row_b[column], row_a[column], rtol=1e-6, atol=1e-7, err_msg=column)
   assert a.acc_matrix[0].diagonal().max() > 0.85  # (it learns a task's two digits)
   if name == "sdmlp":  # the readout stayed >= 0: the constraint came from `MLP.sdm_values`
     trained = networks.network(net, input_shape=(196,))

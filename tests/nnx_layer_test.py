@@ -170,9 +170,7 @@ def test_linear_schedule_needs_the_epoch():
 
 
 def test_the_none_schedule_is_the_relu_layer_of_eq_3():
-  layer = nnx_layer.SDM(
-    IN, NEURONS, k_schedule="none", positive=False, l2_norm=False, use_bias=True, rngs=nnx.Rngs(0)
-  )
+  layer = nnx_layer.SDM(IN, NEURONS, k_schedule="none", positive=False, l2_norm=False, use_bias=True, rngs=nnx.Rngs(0))
   x = jnp.asarray(_batches(steps=1)[0][0], jnp.float32)
   expected = jax.nn.relu(x @ layer.kernel[...] + layer.bias[...])
   np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(expected))

@@ -164,7 +164,12 @@ class SDM(nnx.Module):
     x, kernel, bias = nnx.nn.dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
     params = {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
     a_star, counts = sdm_layer.apply(
-      params, self.counts[...], x, spec=self.spec, epoch=self.epoch if epoch is None else epoch, train=not self.deterministic
+      params,
+      self.counts[...],
+      x,
+      spec=self.spec,
+      epoch=self.epoch if epoch is None else epoch,
+      train=not self.deterministic,
     )
     if not self.deterministic:
       self.counts[...] = counts

@@ -74,7 +74,10 @@ def _model_spec(model, input_shape: tuple[int, ...], num_classes: int, neurons, 
   if not isinstance(model, str):  # (a built model has its own: a number given here would be ignored)
     for name, value in (("neurons", neurons), ("k", k)):
       if value is not None:
-        validation.fail(name, f"sets the width of a built-in model given by name ({', '.join(FIT_MODELS)}); the model given has its own")
+        validation.fail(
+          name,
+          f"sets the width of a built-in model given by name ({', '.join(FIT_MODELS)}); the model given has its own",
+        )
   neurons, k = 1000 if neurons is None else neurons, 10 if k is None else k
   net = _network_of(model, input_shape)
   if net is not None:
@@ -162,7 +165,9 @@ def _check_training(optimizer, learning_rate, clip_norm, gaba_switch_epochs, reg
     validation.check_number("gaba_switch_epochs", gaba_switch_epochs, low=0.0, low_open=True)
   if regularizer is not None:
     if not isinstance(regularizer, regularizers.RegularizerSpec):
-      hint = f' (e.g. regularizers.RegularizerSpec("{regularizer}", strength=...))' if isinstance(regularizer, str) else ""
+      hint = (
+        f' (e.g. regularizers.RegularizerSpec("{regularizer}", strength=...))' if isinstance(regularizer, str) else ""
+      )
       validation.fail("regularizer", f"must be a regularizers.RegularizerSpec or None, got {regularizer!r}{hint}")
     validation.check_regularizer(regularizer, "regularizer.", allow_none=False)
 

@@ -17,7 +17,8 @@ layer (`sdm_layer.apply`, the GABA counters C_i of Eq. 12 as its `counts`; the R
 the "none" schedule, Eq. 3 without Top-K), dropout is `nnx.Dropout`, the readout `nnx.Linear`; the
 weights start as `models.init_params` (PyTorch's init, then the SDM constraint: App. A.5). So
 `from_state(spec, params, counters)(x)` equals `models.forward(params, x, ...)` bit for bit on one
-platform (tests/mlp_test.py), and the module trains through `fit` as the functional model does.
+platform (tests/mlp_test.py), and the module trains through `fit` as the functional model does
+(the same accuracies, and losses to float rounding: two programs that XLA may fuse differently).
 
 Which path trains what: the configured rows and `fit`'s string shortcuts train the functional form
 (`models.ModelSpec`: its flat arrays are what the CPU backend's fused and sparse steps read), a
@@ -102,7 +103,9 @@ def load(net: MLP, params: dict, counters: jax.Array | None = None) -> MLP:
     for field, value in params[name].items():
       variable = getattr(layer, field)
       if variable[...].shape != jnp.shape(value):
-        raise ValueError(f"params[{name!r}][{field!r}]: shape {jnp.shape(value)}, the module's is {variable[...].shape}")
+        raise ValueError(
+          f"params[{name!r}][{field!r}]: shape {jnp.shape(value)}, the module's is {variable[...].shape}"
+        )
       variable[...] = jnp.asarray(value, variable[...].dtype)
   if counters is not None:
     net.hidden.counts[...] = jnp.asarray(counters, jnp.float32).reshape(net.hidden.counts[...].shape)
@@ -118,7 +121,11 @@ def from_state(spec: models.ModelSpec, params: dict, counters: jax.Array | None 
 def state_of(net: MLP) -> tuple[dict, jax.Array]:
   """(params, counters) of the module as the functional model holds them (`models.ModelSpec.init`)."""
   params = {
-    name: {field: getattr(layer, field)[...] for field in ("kernel", "bias") if hasattr(layer, field) and getattr(layer, field) is not None}
+    name: {
+      field: getattr(layer, field)[...]
+      for field in ("kernel", "bias")
+      if hasattr(layer, field) and getattr(layer, field) is not None
+    }
     for name, layer in (("hidden", net.hidden), ("output", net.output))
   }
   return params, net.hidden.counts[...]
