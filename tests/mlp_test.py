@@ -118,3 +118,27 @@ def test_fit_trains_the_module_as_the_functional_model(name):
   if name == "sdmlp":  # the readout stayed >= 0: the constraint came from `MLP.sdm_values`
     trained = networks.network(net, input_shape=(196,))
     assert trained.values == "output"
+
+
+@pytest.mark.slow
+def test_a_configured_run_s_final_state_is_the_module_of_its_final_accuracy(tmp_path):
+  """A Split MNIST run (SDMLP, 100 neurons, one epoch per task, two seeds) taken out as modules
+  (`from_state` of `final_state.npz`, its spec from the run's config) classifies the test digits
+  with the run's final accuracy, seed by seed."""
+  from experiments import driver, schema
+  from experiments.configs import split_mnist
+  from sdm_jax.engine import train
+  from sdm_jax.runs import final_state
+
+  config = split_mnist.get_config("sdmlp,tiny")
+  config.epochs_per_task, config.model.neurons, config.seeds = 1, 100, (0, 1)
+  results = driver.train_and_evaluate(config, tmp_path)
+  spec = schema.model_spec(config)
+  saved = final_state.load(tmp_path / "final_state.npz")
+  mnist = data.load_dataset("mnist")
+  x, y = train.to_float_input(mnist["test_images"]), mnist["test_labels"]
+  for i, per_seed in enumerate(results["per_seed"]):
+    net = mlp.from_state(spec, jax.tree.map(lambda a: a[i], saved.params), saved.gaba_counts[i])
+    net.eval()
+    predicted = np.concatenate([np.asarray(net(x[j : j + 2500])).argmax(-1) for j in range(0, len(x), 2500)])
+    assert float(np.mean(predicted == y)) == pytest.approx(per_seed["final_accuracy"], abs=1e-5)
