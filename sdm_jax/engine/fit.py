@@ -206,8 +206,8 @@ def fit(
   Without a test split the training data is evaluated on (say so when you report).
   Tasks are `classes_per_task` consecutive classes of `class_order` (default 0..C-1). `model`:
   "sdmlp", "relu", "topk" (with `neurons`, default 1000, and `k`, default 10; a model given as a
-  spec or a network has its own, and either number given with it is refused) or any `models.ModelSpec`; SDMLP's GABA T is
-  `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
+  spec or a network has its own, and either number given with it is refused) or any
+  `models.ModelSpec`; SDMLP's GABA T is `gaba_switch_epochs` (default 79% of `epochs_per_task`, the authors' proportion) times the first
   task's training examples. Or your own network: a function of an `nnx.Rngs` that builds an NNX
   module (each seed its own initialisation; stacked seeds stay one program), or a module (every
   seed starts from its weights). It gets x's examples as float32 (uint8 scaled by 1/255) in x's

@@ -58,9 +58,8 @@ class MLP(nnx.Module):
   def __init__(self, spec: models.ModelSpec, *, rngs: nnx.Rngs):
     if not isinstance(spec, models.ModelSpec):
       raise TypeError(f"spec: must be a models.ModelSpec (models.sdmlp, relu_mlp, topk_mlp), got {type(spec).__name__}")
-    params = models.init_params(rngs.params(), spec)
+    key = rngs.params()  # (the first draw: the layers below draw their own, which `load` replaces)
     layer = spec.hidden
-    given = lambda array: lambda key, shape, dtype: array  # noqa: E731 (an initializer returning `array`)
     self.spec = spec
     self.hidden = nnx_layer.SDM(
       spec.input_size,
@@ -76,20 +75,12 @@ class MLP(nnx.Module):
       use_bias=layer.use_bias,
       threshold_method=layer.threshold_method,
       count_per=layer.count_per,
-      kernel_init=given(params["hidden"]["kernel"]),
       rngs=rngs,
     )
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs if spec.dropout > 0 else None)
-    self.output = nnx.Linear(
-      layer.neurons,
-      spec.num_classes,
-      use_bias=spec.output_bias,
-      kernel_init=given(params["output"]["kernel"]),
-      bias_init=given(params["output"].get("bias")),
-      rngs=rngs,
-    )
+    self.output = nnx.Linear(layer.neurons, spec.num_classes, use_bias=spec.output_bias, rngs=rngs)
     self.sdm_values = VALUES if layer.positive else None
-    load(self, params)  # (the SDM layer projected its initial kernel once more; keep init_params' bits)
+    load(self, models.init_params(key, spec))  # the functional model's initial weights, from one key
 
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
     hidden = self.hidden(x.reshape(x.shape[0], -1), epoch=epoch)
@@ -120,12 +111,4 @@ def from_state(spec: models.ModelSpec, params: dict, counters: jax.Array | None 
 
 def state_of(net: MLP) -> tuple[dict, jax.Array]:
   """(params, counters) of the module as the functional model holds them (`models.ModelSpec.init`)."""
-  params = {
-    name: {
-      field: getattr(layer, field)[...]
-      for field in ("kernel", "bias")
-      if hasattr(layer, field) and getattr(layer, field) is not None
-    }
-    for name, layer in (("hidden", net.hidden), ("output", net.output))
-  }
-  return params, net.hidden.counts[...]
+  return nnx.to_pure_dict(nnx.state(net, nnx.Param)), net.hidden.counts[...]

@@ -169,15 +169,11 @@ class Network:
       sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
       sdm.record_activations = record
       sdm.epoch = epoch if sdm.spec.k_schedule == "linear" else None
-    if not record:
-      logits, recorded = module(x), None
-    else:
-      logits, recorded = nnx.capture(module, nnx.Intermediate)(x)
+    logits, recorded = nnx.capture(module, nnx.Intermediate)(x) if record else (module(x), None)
     for sdm in layers:
       sdm.epoch = None  # (a traced value; the module is split after the pass)
-    if recorded is None:
-      return logits, (), module
-    return logits, tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers), module
+    activations = tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers) if record else ()
+    return logits, activations, module
 
   def layer_activations(self, params: dict, counters: dict, x: jax.Array, epoch=None) -> tuple[jax.Array, ...]:
     """Each SDM layer's a* [batch, ..., neurons] of x in evaluation mode (counters frozen), in
