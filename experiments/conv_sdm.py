@@ -91,11 +91,18 @@ def train_head(c: ml_collections.ConfigDict, name: str, ds: dict, workdir: pathl
   """Trains one ConvSDM (resuming from its last epoch checkpoint) and writes workdir/results.json."""
   n_train = len(ds["train_labels"])
   head = head_spec(c, name, n_train)
-  trunk = convmixer.ConvMixer(
-    dim=c.dim, depth=c.depth, kernel_size=c.kernel_size, patch_size=c.patch_size, num_classes=0
+  build = functools.partial(
+    convmixer.ConvSDM,
+    head,
+    int(ds["num_classes"]),
+    dim=c.dim,
+    depth=c.depth,
+    kernel_size=c.kernel_size,
+    patch_size=c.patch_size,
   )
-  tx = convmixer.sdm_head_optimizer(head, lr=c.lr, momentum=c.momentum, clip_norm=c.clip_norm)
-  state = convmixer.init_sdm_state(jax.random.PRNGKey(c.seed), trunk, head, int(ds["num_classes"]), tx)
+  net = convmixer.network(build, name=f"ConvSDM-{name}")
+  tx = convmixer.sdm_head_optimizer(net, lr=c.lr, momentum=c.momentum, clip_norm=c.clip_norm)
+  state = convmixer.init_state(jax.random.PRNGKey(c.seed), net, tx)
   config_dict = dict(c.to_dict(), head=name)
   mgr = checkpoint.manager(workdir, max_to_keep=1)
   restored = checkpoint.restore_latest(mgr, state, config_dict)
@@ -106,8 +113,8 @@ def train_head(c: ml_collections.ConfigDict, name: str, ds: dict, workdir: pathl
     epoch0, history, prior_wall = progress["epoch"], progress["history"], progress["wall_s"]
     logging.info(f"{name}: resumed at epoch {epoch0}")
   aug = dict(flip=c.flip, num_ops=0)
-  step = jax.jit(functools.partial(convmixer.sdm_train_step, trunk=trunk, head=head, tx=tx, aug=aug), donate_argnums=0)
-  eval_batch = jax.jit(functools.partial(convmixer.sdm_eval_batch, trunk=trunk, head=head))
+  step = jax.jit(functools.partial(convmixer.train_step, net=net, tx=tx, aug=aug), donate_argnums=0)
+  eval_batch = jax.jit(functools.partial(convmixer.sdm_eval_batch, net=net))
   steps_per_epoch = n_train // c.batch_size
   start = time.perf_counter()
   for epoch in range(epoch0, c.epochs):

@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sdm_jax import data
-from sdm_jax.engine import convmixer
+from sdm_jax.engine import convmixer, networks
 from sdm_jax.runs import checkpoint, compilation_cache
 
 EMBEDDER_DIR = "embedder"
@@ -83,16 +83,24 @@ def load_data(c: ml_collections.ConfigDict) -> dict:
   return ds
 
 
-def model_from_config(c: ml_collections.ConfigDict, num_classes: int) -> convmixer.ConvMixer:
-  return convmixer.ConvMixer(
-    dim=c.dim, depth=c.depth, kernel_size=c.kernel_size, patch_size=c.patch_size, num_classes=num_classes
+def model_from_config(c: ml_collections.ConfigDict, num_classes: int) -> networks.Network:
+  """The config's ConvMixer (`convmixer.ConvMixer` with a `num_classes` head) as the engine's model."""
+  build = functools.partial(
+    convmixer.ConvMixer,
+    dim=c.dim,
+    depth=c.depth,
+    kernel_size=c.kernel_size,
+    patch_size=c.patch_size,
+    num_classes=num_classes,
   )
+  return convmixer.network(build, name=f"ConvMixer-{c.dim}/{c.depth}")
 
 
 def save_embedder(directory: pathlib.Path, state: dict, meta: dict) -> None:
-  """The embedder: {params, batch_stats} with orbax, plus meta.json (config, classes, data source)."""
+  """The embedder: {params, variables} (the module's Params and its BatchNorm statistics) with
+  orbax, plus meta.json (config, classes, data source)."""
   directory = directory.absolute()
-  variables = jax.device_get({"params": state["params"], "batch_stats": state["batch_stats"]})
+  variables = jax.device_get({"params": state["params"], "variables": state["variables"]})
   with checkpoint._quiet():  # pylint: disable=protected-access  (orbax logs a dozen INFO lines)
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(directory / "variables", variables, force=True)
@@ -100,8 +108,9 @@ def save_embedder(directory: pathlib.Path, state: dict, meta: dict) -> None:
   (directory / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
 
 
-def load_embedder(path) -> tuple[convmixer.ConvMixer, dict, dict]:
-  """(model, variables, meta) from WORKDIR or WORKDIR/embedder."""
+def load_embedder(path) -> tuple[networks.Network, dict, dict]:
+  """(model, {params, variables}, meta) from WORKDIR or WORKDIR/embedder; an embedder saved before
+  the ConvMixer was an NNX module (Linen's {params, batch_stats}) is read into the module's layout."""
   path = pathlib.Path(path).absolute()
   if (path / EMBEDDER_DIR).is_dir():
     path = path / EMBEDDER_DIR
@@ -114,6 +123,8 @@ def load_embedder(path) -> tuple[convmixer.ConvMixer, dict, dict]:
   model = model_from_config(ml_collections.ConfigDict(meta["config"]), meta["num_classes"])
   with checkpoint._quiet():  # pylint: disable=protected-access
     variables = ocp.StandardCheckpointer().restore(path / "variables")
+  if "batch_stats" in variables:
+    variables = convmixer.from_linen(variables)
   return model, variables, meta
 
 
@@ -162,7 +173,7 @@ def train_and_evaluate(c: ml_collections.ConfigDict, workdir) -> dict:
     logging.info(f"resumed from {mgr.directory}/{epoch0} (epoch {epoch0})")
   state = convmixer.replicate(state, mesh)
   aug = dict(flip=c.flip, num_ops=c.randaugment_ops, magnitude=c.randaugment_magnitude)
-  step_fn = jax.jit(functools.partial(convmixer.train_step, model=model, tx=tx, aug=aug), donate_argnums=0)
+  step_fn = jax.jit(functools.partial(convmixer.train_step, net=model, tx=tx, aug=aug), donate_argnums=0)
   logging.info(
     f"ConvMixer-{c.dim}/{c.depth} k{c.kernel_size} p{c.patch_size}: {n_params:,} params, "
     f"{num_devices} device(s), batch {c.batch_size}, {steps_per_epoch} steps/epoch x {c.epochs} epochs"

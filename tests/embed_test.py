@@ -1,6 +1,7 @@
 """Tests of experiments.embed: embedding files, keyed by the embedder checkpoint, never stale."""
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -13,8 +14,9 @@ from sdm_jax.data import embeddings
 def _save_embedder(directory, seed=0):
   """An untrained ConvMixer-8/1 saved the way train_convmixer saves one."""
   config = dict(dim=8, depth=1, kernel_size=3, patch_size=4)
-  model = convmixer.ConvMixer(num_classes=10, **config)
-  variables = model.init(jax.random.PRNGKey(seed), np.zeros((1, 32, 32, 3), np.float32))
+  model = train_convmixer.model_from_config(ml_collections.ConfigDict(config), 10)
+  params, state = model.init(jax.random.PRNGKey(seed))
+  variables = {'params': params, 'variables': state}
   train_convmixer.save_embedder(
     directory, variables, dict(config=config, num_classes=10, dataset='cifar10', test_accuracy=0.1)
   )

@@ -182,6 +182,28 @@ class SDM(nnx.Module):
     return topk.gaba_lambda(self.counts[...], self.spec.switch_activations)
 
 
+def from_spec(in_features: int, spec: sdm_layer.SDMSpec, *, rngs: nnx.Rngs, **kwargs) -> SDM:
+  """The `SDM` layer of a functional layer's `sdm_layer.SDMSpec` (T as `switch_activations`), on
+  `in_features`; `kwargs`: `SDM`'s other arguments (dtype, kernel_init)."""
+  return SDM(
+    in_features,
+    spec.neurons,
+    k=spec.k,
+    k_schedule=spec.k_schedule,
+    inhibition=spec.inhibition,
+    switch_activations=spec.switch_activations,
+    k_max=spec.k_max,
+    k_transition_epochs=spec.k_transition_epochs,
+    positive=spec.positive,
+    l2_norm=spec.l2_norm,
+    use_bias=spec.use_bias,
+    threshold_method=spec.threshold_method,
+    count_per=spec.count_per,
+    rngs=rngs,
+    **kwargs,
+  )
+
+
 def _switch(schedule, activations, epochs, dataset_size) -> float:
   """T of Eq. 12 from the arguments; ValueError naming them when they conflict or are missing."""
   if epochs is not None or dataset_size is not None:

@@ -1,4 +1,5 @@
-"""The ConvMixer embedder (Trockman & Kolter 2022) in Flax, and its data-parallel training step.
+"""The ConvMixer embedder (Trockman & Kolter 2022) and the ConvSDM as Flax NNX modules, and their
+data-parallel training step.
 
 The authors' settings (TrentBrick/SDMContinualLearner, models/Conv_Mixer.py and its
 settings; docs/reference_code.md#convmixer-embedder):
@@ -11,10 +12,15 @@ this follows the ConvMixer paper's architecture:
 
     Conv(3 -> dim, kernel p, stride p) -> GELU -> BN
     depth x [ x + BN(GELU(DepthwiseConv(k, 'same'))(x)) -> Conv1x1 -> GELU -> BN ]
-    global average pool (-> embedding, [B, dim]) -> Dense(num_classes) (-> logits)
+    global average pool (-> embedding, [B, dim]) -> Linear(num_classes) (-> logits)
 
 GELU is the exact (erf) one, as PyTorch's `nn.GELU()`; BatchNorm uses PyTorch's
 defaults (momentum 0.1, i.e. Flax momentum 0.9; epsilon 1e-5).
+
+Both modules train as any NNX network does: through the engine's model protocol
+(`networks.Network`: params, and the module's other state, its BatchNorm statistics and an SDM
+layer's GABA counters, as plain dicts), with one step (`train_step`) for the embedder and the
+ConvSDM alike. They also go through `fit` (the class-incremental protocol) as a user's network.
 
 Parallelism: the step is one `jax.jit`; the state is replicated and the batch
 is sharded over the 'data' axis of the mesh (`data_mesh`: `sdm_jax.runs.mesh`'s, one seed), so XLA
@@ -23,78 +29,159 @@ batch, like a single-device run).
 
 Synopsis::
 
-    model = ConvMixer(num_classes=10)
+    net = network(functools.partial(ConvMixer, num_classes=10), name="ConvMixer")
     tx = make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)
-    state = init_state(jax.random.key(0), model, tx)
-    state, metrics = jax.jit(functools.partial(train_step, model=model, tx=tx, aug={}))(state, images, labels)
-    embeddings, logits = apply_eval(model, state, images)   # uint8 images -> float32 [B, 256], [B, C]
+    state = init_state(jax.random.key(0), net, tx)      # params, variables, opt_state, step, key
+    state, metrics = jax.jit(functools.partial(train_step, net=net, tx=tx, aug={}))(state, images, labels)
+    embeddings, logits = apply_eval(net, state, images)   # uint8 images -> float32 [B, 256], [B, C]
+    module = net.module(state["params"], state["variables"])  # the trained ConvMixer itself
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
-import flax.linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sdm_jax.core import topk, projection, sdm_layer
-from sdm_jax.engine import augment
+from sdm_jax.core import nnx_layer, sdm_layer, topk
+from sdm_jax.engine import augment, networks
 from sdm_jax.runs import mesh as mesh_lib
 
+#: One CIFAR image as the models take it: [height, width, channels].
+IMAGE_SHAPE = (32, 32, 3)
 
-class DepthwiseConv(nn.Module):
+
+def _gelu(x):
+  return jax.nn.gelu(x, approximate=False)  # nn.GELU() in PyTorch is the erf form
+
+
+def _batch_norm(dim: int, rngs: nnx.Rngs) -> nnx.BatchNorm:
+  # PyTorch's BatchNorm2d defaults: momentum 0.1 (Flax's 0.9: the weight of the old statistics), eps 1e-5.
+  return nnx.BatchNorm(dim, momentum=0.9, epsilon=1e-5, rngs=rngs)
+
+
+class DepthwiseConv(nnx.Module):
   """Depthwise 'same' convolution (PyTorch Conv2d(dim, dim, k, groups=dim, padding='same')).
 
   Computed as k*k shifted multiply-adds rather than a grouped `conv_general_dilated`: on XLA:CPU
   the grouped convolution's forward+backward was ~11x slower (9.8 s vs 0.9 s for
-  [64, 16, 16, 256], k 5). Parameters are laid out as `nn.Conv`'s: kernel [k, k, 1, C], bias [C].
+  [64, 16, 16, 256], k 5). Parameters are laid out as `nnx.Conv`'s: kernel [k, k, 1, C], bias [C].
   """
 
-  kernel_size: int
+  def __init__(self, channels: int, kernel_size: int, *, rngs: nnx.Rngs):
+    self.kernel_size = kernel_size
+    self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (kernel_size, kernel_size, 1, channels)))
+    self.bias = nnx.Param(jnp.zeros((channels,)))
 
-  @nn.compact
   def __call__(self, x):
-    k, c = self.kernel_size, x.shape[-1]
-    kernel = self.param('kernel', nn.initializers.lecun_normal(), (k, k, 1, c))
-    bias = self.param('bias', nn.initializers.zeros_init(), (c,))
+    k, kernel = self.kernel_size, self.kernel[...]
     lo = (k - 1) // 2  # 'same': PyTorch and XLA put the extra pad (even k) at the end
     xp = jnp.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
     h, w = x.shape[1:3]
     out = sum(xp[:, i : i + h, j : j + w, :] * kernel[i, j, 0] for i in range(k) for j in range(k))
-    return out + bias
+    return out + self.bias[...]
 
 
-class ConvMixer(nn.Module):
-  """ConvMixer-dim/depth; `__call__` returns (embedding [B, dim], logits [B, num_classes]).
+class MixerBlock(nnx.Module):
+  """x + BN(GELU(DepthwiseConv(x))), then BN(GELU(Conv1x1(.))): one of the ConvMixer's `depth` blocks."""
 
-  `num_classes=0` leaves out the classifier (logits None): the trunk of `ConvSDM`.
+  def __init__(self, dim: int, kernel_size: int, *, rngs: nnx.Rngs):
+    self.depthwise = DepthwiseConv(dim, kernel_size, rngs=rngs)
+    self.depthwise_norm = _batch_norm(dim, rngs)
+    self.pointwise = nnx.Conv(dim, dim, (1, 1), rngs=rngs)
+    self.pointwise_norm = _batch_norm(dim, rngs)
+
+  def __call__(self, x):
+    x = x + self.depthwise_norm(_gelu(self.depthwise(x)))
+    return self.pointwise_norm(_gelu(self.pointwise(x)))
+
+
+class ConvMixer(nnx.Module):
+  """ConvMixer-dim/depth as an NNX module: `embed(x)` -> [B, dim], `__call__(x)` -> logits [B, num_classes].
+
+  x: normalised images [B, H, W, channels] (`augment.normalize`). `num_classes=0` leaves out the
+  classifier (`head` None; `__call__` returns the embedding): the trunk of `ConvSDM`. Training
+  mode (`train()`, the default) normalises with the batch's statistics and updates the running
+  ones; `eval()` uses the running ones.
   """
 
-  dim: int = 256
-  depth: int = 8
-  kernel_size: int = 5
-  patch_size: int = 2
-  num_classes: int = 1000
+  def __init__(
+    self,
+    *,
+    dim: int = 256,
+    depth: int = 8,
+    kernel_size: int = 5,
+    patch_size: int = 2,
+    num_classes: int = 1000,
+    channels: int = 3,
+    rngs: nnx.Rngs,
+  ):
+    self.dim, self.num_classes = dim, num_classes
+    self.patch = nnx.Conv(channels, dim, (patch_size, patch_size), strides=patch_size, padding="VALID", rngs=rngs)
+    self.patch_norm = _batch_norm(dim, rngs)
+    self.blocks = nnx.List([MixerBlock(dim, kernel_size, rngs=rngs) for _ in range(depth)])
+    self.head = nnx.Linear(dim, num_classes, rngs=rngs) if num_classes else None
 
-  @nn.compact
-  def __call__(self, x, train: bool = False):
-    # PyTorch BatchNorm2d defaults: momentum 0.1 (Flax's 0.9), eps 1e-5.
-    bn = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5)
-    gelu = functools.partial(nn.gelu, approximate=False)  # nn.GELU() in PyTorch is the erf form
-    p, k = self.patch_size, self.kernel_size
-    x = bn()(gelu(nn.Conv(self.dim, (p, p), strides=(p, p), padding='VALID')(x)))
-    for _ in range(self.depth):
-      x = x + bn()(gelu(DepthwiseConv(k)(x)))
-      x = bn()(gelu(nn.Conv(self.dim, (1, 1))(x)))
-    embedding = x.mean(axis=(1, 2))
-    if not self.num_classes:
-      return embedding, None
-    return embedding, nn.Dense(self.num_classes)(embedding)
+  def embed(self, x):
+    """The average-pooled features [B, dim]: the embedding the SDMLP sees."""
+    x = self.patch_norm(_gelu(self.patch(x)))
+    for block in self.blocks:
+      x = block(x)
+    return x.mean(axis=(1, 2))
+
+  def __call__(self, x):
+    embedding = self.embed(x)
+    return embedding if self.head is None else self.head(embedding)
+
+
+class ConvSDM(nnx.Module):
+  """A ConvMixer trunk with an SDM layer as its last hidden layer: logits = X_v a*(trunk(x)).
+
+  The paper's ConvSDM (App. "Optimized Top-K", Fig. 7; TrentBrick/SDMContinualLearner,
+  models/Conv_SDM.py). `head`: the SDM layer (`nnx_layer.SDM` of this `sdm_layer.SDMSpec`, its
+  GABA counters its own); a ReLU head (`k_schedule="none"`, use_bias, no constraint) is the
+  reference's `SDM_Module_ReLU_Replacement`. `out` is X_v, PyTorch's nn.Linear init, with a bias
+  only when the head has one (none for SDM, as the reference) and clamped >= 0 when the head is
+  positive (`sdm_values`: the constraint keeps it so). The trunk's arguments are `ConvMixer`'s.
+  """
+
+  def __init__(
+    self,
+    head: sdm_layer.SDMSpec,
+    num_classes: int,
+    *,
+    dim: int = 256,
+    depth: int = 8,
+    kernel_size: int = 5,
+    patch_size: int = 2,
+    rngs: nnx.Rngs,
+  ):
+    self.trunk = ConvMixer(
+      dim=dim, depth=depth, kernel_size=kernel_size, patch_size=patch_size, num_classes=0, rngs=rngs
+    )
+    self.sdm = nnx_layer.from_spec(dim, head, rngs=rngs)
+    self.out = nnx.Linear(head.neurons, num_classes, use_bias=head.use_bias, rngs=rngs)
+    positive = head.positive and head.uses_topk
+    out = sdm_layer.torch_linear_init(rngs.params(), head.neurons, num_classes, head.use_bias)
+    for field, value in out.items():
+      getattr(self.out, field)[...] = jax.nn.relu(value) if positive else value
+    self.sdm_values = "out" if positive else None
+
+  def __call__(self, x):
+    return self.out(self.sdm(self.trunk(x)))
+
+
+def network(build: Callable[[nnx.Rngs], nnx.Module], *, name: str, image_shape=IMAGE_SHAPE) -> networks.Network:
+  """`build` (a function of an `nnx.Rngs`: `functools.partial(ConvMixer, dim=...)`) as the engine's
+  model (`networks.Network`): its params, and its other state (BatchNorm statistics, an SDM
+  layer's GABA counters) as `variables`."""
+  return networks.network(build, input_shape=tuple(image_shape), name=name)
 
 
 def param_count(dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int, channels: int = 3) -> int:
@@ -129,52 +216,85 @@ def make_optimizer(
   return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(learning_rate, weight_decay=weight_decay))
 
 
-def init_state(key, model: ConvMixer, tx: optax.GradientTransformation, image_shape=(32, 32, 3)) -> dict:
-  """The training state pytree: params, batch_stats, opt_state, step, key."""
+def init_state(key, net: networks.Network, tx: optax.GradientTransformation) -> dict:
+  """The training state pytree: params, variables (the module's other state: BatchNorm statistics,
+  an SDM layer's GABA counters), opt_state, step, key."""
   init_key, key = jax.random.split(key)
-  variables = model.init(init_key, jnp.zeros((1,) + tuple(image_shape)), train=False)
-  params = variables['params']
-  return dict(
-    params=params,
-    batch_stats=variables['batch_stats'],
-    opt_state=tx.init(params),
-    step=jnp.zeros((), jnp.int32),
-    key=key,
-  )
+  params, variables = net.init(init_key)
+  return dict(params=params, variables=variables, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), key=key)
 
 
 def train_step(
-  state: dict, images, labels, *, model: ConvMixer, tx: optax.GradientTransformation, aug: dict[str, Any]
+  state: dict, images, labels, *, net: networks.Network, tx: optax.GradientTransformation, aug: dict[str, Any]
 ) -> tuple[dict, dict]:
-  """One AdamW step on a uint8 batch [B, H, W, 3], augmented on device. Jit with model/tx/aug bound."""
-  key, aug_key = jax.random.split(state['key'])
+  """One optimiser step on a uint8 batch [B, H, W, 3], augmented on device; jit with net/tx/aug bound.
+
+  The embedder and the ConvSDM share it: the module runs in training mode through the engine's
+  model protocol (`networks.Network`), so its BatchNorm statistics advance and an SDM layer's GABA
+  counters count the batch's firings (Eq. 12's C_i). Metrics: loss, accuracy, the gradient's global
+  norm and, with an SDM layer, its active neurons per image."""
+  key, aug_key = jax.random.split(state["key"])
   x = augment.train_augment(aug_key, images, **aug)
 
   def loss_fn(params):
-    (_, logits), updates = model.apply(
-      {'params': params, 'batch_stats': state['batch_stats']}, x, train=True, mutable=['batch_stats']
-    )
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    return loss, (logits, updates['batch_stats'])
+    logits, hidden = net.apply(params, state["variables"], x, train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), (logits, hidden)
 
-  (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-  updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+  (loss, (logits, hidden)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+  _, fired = net.unit_stats(hidden, jnp.ones(labels.shape, bool))
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   new_state = dict(
-    params=optax.apply_updates(state['params'], updates),
-    batch_stats=batch_stats,
+    params=optax.apply_updates(state["params"], updates),
+    variables=net.advance(state["variables"], hidden, fired),
     opt_state=opt_state,
-    step=state['step'] + 1,
+    step=state["step"] + 1,
     key=key,
   )
   metrics = dict(loss=loss, accuracy=(logits.argmax(-1) == labels).mean(), grad_norm=optax.tree.norm(grads))
+  if hidden.activations:
+    metrics["active"] = (hidden.activations[-1] > 0).sum(-1).mean()
   return new_state, metrics
 
 
-def apply_eval(model: ConvMixer, variables: dict, images):
-  """(embedding float32 [B, dim], logits) of uint8 images with the running BN statistics."""
-  return model.apply(
-    {'params': variables['params'], 'batch_stats': variables['batch_stats']}, augment.normalize(images), train=False
-  )
+def apply_eval(net: networks.Network, variables: dict, images):
+  """(embedding float32 [B, dim], logits or None) of uint8 images, in evaluation mode (the running
+  BatchNorm statistics); `variables`: {'params', 'variables'} of a `ConvMixer` (a state, an embedder)."""
+  module = net.module(variables["params"], variables["variables"])
+  module.eval()
+  embedding = module.embed(augment.normalize(images))
+  return embedding, None if module.head is None else module.head(embedding)
+
+
+def from_linen(saved: dict) -> dict:
+  """{'params', 'variables'} of an embedder saved before the ConvMixer was an NNX module (the Flax
+  Linen module's {'params', 'batch_stats'}, layers named Conv_0, BatchNorm_0, ... in call order),
+  in this module's layout; the same arrays, so the same embeddings."""
+  params, stats = saved["params"], saved["batch_stats"]
+  depth = sum(name.startswith("DepthwiseConv_") for name in params)
+
+  def norm(i: int) -> dict:
+    return {"scale": params[f"BatchNorm_{i}"]["scale"], "bias": params[f"BatchNorm_{i}"]["bias"]}
+
+  blocks = {
+    str(i): {
+      "depthwise": params[f"DepthwiseConv_{i}"],
+      "depthwise_norm": norm(2 * i + 1),
+      "pointwise": params[f"Conv_{i + 1}"],
+      "pointwise_norm": norm(2 * i + 2),
+    }
+    for i in range(depth)
+  }
+  new_params = {"patch": params["Conv_0"], "patch_norm": norm(0), "blocks": blocks}
+  if "Dense_0" in params:
+    new_params["head"] = params["Dense_0"]
+  new_stats = {
+    "patch_norm": stats["BatchNorm_0"],
+    "blocks": {
+      str(i): {"depthwise_norm": stats[f"BatchNorm_{2 * i + 1}"], "pointwise_norm": stats[f"BatchNorm_{2 * i + 2}"]}
+      for i in range(depth)
+    },
+  }
+  return {"params": new_params, "variables": new_stats}
 
 
 def data_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
@@ -195,9 +315,10 @@ def shard_batch(tree, mesh):
 
 
 def embed_arrays(
-  model: ConvMixer, variables: dict, images: np.ndarray, *, mesh, batch_size: int = 1024, with_logits: bool = False
+  net: networks.Network, variables: dict, images: np.ndarray, *, mesh, batch_size: int = 1024, with_logits: bool = False
 ):
-  """Embeddings (and optionally logits) of a whole uint8 array, batch by batch, data-parallel.
+  """Embeddings (and optionally logits) of a whole uint8 array, batch by batch, data-parallel;
+  `variables`: a `ConvMixer`'s {'params', 'variables'} (a training state or a saved embedder).
 
   The last batch is padded to a full one (so one compiled shape serves every
   batch) and the padding dropped.
@@ -209,8 +330,8 @@ def embed_arrays(
     )
   n = len(images)
   batch_size = min(batch_size, -(-n // mesh.size) * mesh.size)
-  fn = jax.jit(functools.partial(apply_eval, model))
-  variables = replicate(variables, mesh)
+  fn = jax.jit(functools.partial(apply_eval, net))
+  variables = replicate({"params": variables["params"], "variables": variables["variables"]}, mesh)
   embs, logits = [], []
   for start in range(0, n, batch_size):
     chunk = images[start : start + batch_size]
@@ -231,110 +352,25 @@ def embed_arrays(
 
 
 def sdm_head_optimizer(
-  head: sdm_layer.SDMSpec, *, lr: float = 0.03, momentum: float = 0.9, clip_norm: float = 1.0
+  net: networks.Network, *, lr: float = 0.03, momentum: float = 0.9, clip_norm: float = 1.0
 ) -> optax.GradientTransformation:
   """The authors' ConvSDM optimiser (SGDM 0.03, clip 1.0; models/Conv_SDM.py with
-  py_scripts/model_params.py `conv_sdm_settings`), then the SDM constraint on the head only:
-  unit-norm addresses under 'sdm' (and >= 0 under 'sdm' and 'out' when `head.positive`). The
-  trunk's parameters, negative ones included, are left as the optimiser puts them."""
+  py_scripts/model_params.py `conv_sdm_settings`), then the SDM constraint of `net` (a `ConvSDM`),
+  which touches the head only: unit-norm addresses under 'sdm' (and >= 0 under 'sdm' and 'out' when
+  the head is positive). The trunk's parameters, negative ones included, are left as the optimiser
+  puts them."""
   parts = [optax.clip_by_global_norm(clip_norm), optax.sgd(lr, momentum=momentum)]
-  if head.uses_topk and head.constrained:
-    parts.append(
-      projection.sdm_projection(
-        "sdm", values="out" if head.positive else None, positive=head.positive, l2_norm=head.l2_norm
-      )
-    )
-  return optax.chain(*parts)
+  constraint = net.constraint()
+  return optax.chain(*parts, *([constraint] if constraint is not None else []))
 
 
-def init_sdm_state(
-  key,
-  trunk: ConvMixer,
-  head: sdm_layer.SDMSpec,
-  num_classes: int,
-  tx: optax.GradientTransformation,
-  image_shape=(32, 32, 3),
-) -> dict:
-  """params {'trunk', 'sdm', 'out'}, batch_stats, the GABA counters, opt_state, step, key.
-
-  The SDM head is `sdm_layer.init` on the trunk's embedding; 'out' is X_v, PyTorch's nn.Linear
-  (with a bias for the ReLU head, `head.use_bias`; none for SDM, as the reference)."""
-  if trunk.num_classes:
-    raise ValueError(f"trunk.num_classes must be 0 (the SDM head classifies), got {trunk.num_classes}")
-  trunk_key, sdm_key, out_key, key = jax.random.split(key, 4)
-  variables = trunk.init(trunk_key, jnp.zeros((1,) + tuple(image_shape)), train=False)
-  out = sdm_layer.torch_linear_init(out_key, head.neurons, num_classes, head.use_bias)
-  params = dict(
-    trunk=variables['params'],
-    sdm=sdm_layer.init(sdm_key, trunk.dim, head),
-    out=jax.tree.map(jax.nn.relu, out) if head.positive and head.uses_topk else out,
-  )
-  return dict(
-    params=params,
-    batch_stats=variables['batch_stats'],
-    gaba_counts=sdm_layer.init_counts(head),
-    opt_state=tx.init(params),
-    step=jnp.zeros((), jnp.int32),
-    key=key,
-  )
-
-
-def sdm_forward(trunk: ConvMixer, head: sdm_layer.SDMSpec, params, batch_stats, counts, x, *, train: bool):
-  """(logits, a*, new batch_stats, new GABA counters) of normalised images x [B, H, W, 3]."""
-  if train:
-    (embedding, _), updates = trunk.apply(
-      {'params': params['trunk'], 'batch_stats': batch_stats}, x, train=True, mutable=['batch_stats']
-    )
-    batch_stats = updates['batch_stats']
-  else:
-    embedding, _ = trunk.apply({'params': params['trunk'], 'batch_stats': batch_stats}, x, train=False)
-  a_star, counts = sdm_layer.apply(params['sdm'], counts, embedding, spec=head, train=train)
-  logits = a_star @ params['out']['kernel']
-  if 'bias' in params['out']:
-    logits = logits + params['out']['bias']
-  return logits, a_star, batch_stats, counts
-
-
-def sdm_train_step(
-  state: dict, images, labels, *, trunk: ConvMixer, head: sdm_layer.SDMSpec, tx, aug: dict[str, Any]
-) -> tuple[dict, dict]:
-  """One step of the whole ConvSDM on a uint8 batch; jit with trunk/head/tx/aug bound."""
-  key, aug_key = jax.random.split(state['key'])
-  x = augment.train_augment(aug_key, images, **aug)
-
-  def loss_fn(params):
-    logits, a_star, batch_stats, counts = sdm_forward(
-      trunk, head, params, state['batch_stats'], state['gaba_counts'], x, train=True
-    )
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    return loss, (logits, a_star, batch_stats, counts)
-
-  (loss, (logits, a_star, batch_stats, counts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-  updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
-  new_state = dict(
-    params=optax.apply_updates(state['params'], updates),
-    batch_stats=batch_stats,
-    gaba_counts=counts,
-    opt_state=opt_state,
-    step=state['step'] + 1,
-    key=key,
-  )
-  metrics = dict(
-    loss=loss,
-    accuracy=(logits.argmax(-1) == labels).mean(),
-    active=(a_star > 0).sum(-1).mean(),
-    grad_norm=optax.tree.norm(grads),
-  )
-  return new_state, metrics
-
-
-def sdm_eval_batch(state: dict, images, *, trunk: ConvMixer, head: sdm_layer.SDMSpec):
+def sdm_eval_batch(state: dict, images, *, net: networks.Network):
   """(predictions, which neurons fired for any image, active neurons per image) of a uint8 batch,
-  in evaluation mode (running BN statistics, GABA counters frozen). Jit with trunk/head bound."""
-  logits, a_star, _, _ = sdm_forward(
-    trunk, head, state['params'], state['batch_stats'], state['gaba_counts'], augment.normalize(images), train=False
-  )
-  return logits.argmax(-1), (a_star > 0).any(0), (a_star > 0).sum(-1)
+  in evaluation mode (running BN statistics, GABA counters frozen). Jit with `net` (a `ConvSDM`) bound."""
+  module = net.module(state["params"], state["variables"])
+  module.eval()
+  a_star = module.sdm(module.trunk(augment.normalize(images)))
+  return module.out(a_star).argmax(-1), (a_star > 0).any(0), (a_star > 0).sum(-1)
 
 
 def sdm_evaluate(eval_batch, state: dict, images, labels, *, head: sdm_layer.SDMSpec, batch_size: int = 500) -> dict:
@@ -347,7 +383,8 @@ def sdm_evaluate(eval_batch, state: dict, images, labels, *, head: sdm_layer.SDM
     correct += int((pred == labels[start : start + batch_size]).sum())
     ever |= fired
     active += int(n_active.sum())
-  lam = topk.gaba_lambda(state['gaba_counts'], head.switch_activations) if head.k_schedule == 'gaba' else None
+  counts = state["variables"]["sdm"]["counts"]
+  lam = topk.gaba_lambda(counts, head.switch_activations) if head.k_schedule == "gaba" else None
   return dict(
     accuracy=correct / len(images),
     dead_fraction=float(1.0 - ever.mean()),

@@ -61,22 +61,7 @@ class MLP(nnx.Module):
     key = rngs.params()  # (the first draw: the layers below draw their own, which `load` replaces)
     layer = spec.hidden
     self.spec = spec
-    self.hidden = nnx_layer.SDM(
-      spec.input_size,
-      layer.neurons,
-      k=layer.k,
-      k_schedule=layer.k_schedule,
-      inhibition=layer.inhibition,
-      switch_activations=layer.switch_activations,
-      k_max=layer.k_max,
-      k_transition_epochs=layer.k_transition_epochs,
-      positive=layer.positive,
-      l2_norm=layer.l2_norm,
-      use_bias=layer.use_bias,
-      threshold_method=layer.threshold_method,
-      count_per=layer.count_per,
-      rngs=rngs,
-    )
+    self.hidden = nnx_layer.from_spec(spec.input_size, layer, rngs=rngs)
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs if spec.dropout > 0 else None)
     self.output = nnx.Linear(layer.neurons, spec.num_classes, use_bias=spec.output_bias, rngs=rngs)
     self.sdm_values = VALUES if layer.positive else None

@@ -304,9 +304,13 @@ def network(
 
 def _builder(model: Callable) -> Callable[[nnx.Rngs], nnx.Module]:
   """A function of an `nnx.Rngs`: `model(rngs=...)` when it takes a parameter named `rngs` (an NNX
-  module's class, whose `rngs` is keyword-only by convention), else `model(rngs)`."""
+  module's class, whose `rngs` is keyword-only by convention; or a `functools.partial` of one),
+  else `model(rngs)`."""
+  target = model
+  while isinstance(target, functools.partial):
+    target = target.func  # (an NNX class's signature is its metaclass's (*args, **kwargs))
   try:
-    takes_rngs = "rngs" in inspect.signature(model.__init__ if isinstance(model, type) else model).parameters
+    takes_rngs = "rngs" in inspect.signature(target.__init__ if isinstance(target, type) else target).parameters
   except (TypeError, ValueError):  # (a builtin without a signature)
     takes_rngs = False
   return functools.partial(_call_with_rngs, model) if takes_rngs else model
