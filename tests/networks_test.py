@@ -2,6 +2,7 @@
 built-in SDMLP when it is that model, GABA counts of the real rows only, `fit` with EWC and stacked
 seeds on real digits, and a run named by import path from a config that resumes bitwise after a kill."""
 
+import functools
 import json
 import os
 import pathlib
@@ -250,3 +251,13 @@ def test_the_engine_state_of_a_network_is_plain_dicts_of_arrays():
     np.asarray(module.layers[0].kernel[...]), np.asarray(one.params["layers"]["0"]["kernel"])
   )
   assert net.neurons == 0 and net.sdm_layers == ()  # no SDM layer: the engine counts no unit
+
+
+def test_a_partial_of_a_module_class_is_a_builder_called_with_rngs():
+  """`functools.partial(Net, width=...)`: an NNX class's own signature is its metaclass's, so the
+  wrapper looks through the partial for the `rngs` parameter; each seed builds its own module."""
+  net = networks.network(functools.partial(TinyCNN, channels=2, neurons=16), input_shape=(14, 14))
+  assert net.build is not None and net.sdm_layers[0][1].neurons == 16 and net.num_classes == 10
+  a, b = net.init(jax.random.PRNGKey(0)), net.init(jax.random.PRNGKey(1))
+  assert a[0]["conv"]["kernel"].shape == (3, 3, 1, 2)
+  assert not np.array_equal(a[0]["conv"]["kernel"], b[0]["conv"]["kernel"])
