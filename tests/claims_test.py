@@ -105,6 +105,7 @@ def _mnist():
   return ds["train_images"], ds["train_labels"].astype(np.int32), ds["test_images"], ds["test_labels"].astype(np.int32)
 
 
+@pytest.mark.slow
 def test_sdmlp_beats_relu_on_split_mnist():
   """Real MNIST, five tasks of two digits, 2 epochs per task, 300 neurons: the ReLU MLP keeps only
   the last task (about 0.2 of the test set); the SDMLP (Top-K with the GABA switch, positive
@@ -174,6 +175,8 @@ def _run(flags: list[str], cache: pathlib.Path) -> subprocess.Popen:
   return subprocess.Popen(command, cwd=ROOT, env=_env(cache), stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
+@pytest.mark.every_stack
 def test_a_run_killed_with_sigkill_resumes_to_bitwise_the_same_result(tmp_path):
   """The README's command, killed between checkpoints and run again: the same parameters, GABA
   counters and metrics.csv, bit for bit, as a run never interrupted.
@@ -204,6 +207,8 @@ def test_a_run_killed_with_sigkill_resumes_to_bitwise_the_same_result(tmp_path):
 # ------------------------------------------------------------------ a population is its members
 
 
+@pytest.mark.slow
+@pytest.mark.every_stack
 def test_a_population_equals_its_members_run_one_by_one(tmp_path, assert_platform_equal):
   """EWC with λ 30 and 3000 as one program (a population) against λ 3000 run alone: on CPU the
   member is bitwise its separate run (README, "Versions and guarantees"; a member with β = 1.0 is
@@ -235,7 +240,7 @@ def test_a_population_equals_its_members_run_one_by_one(tmp_path, assert_platfor
 # ------------------------------------------------------------------ the sparse step through the engine
 
 
-@pytest.mark.parametrize("variant", ["sdmlp", "sdmlp_ewc"])
+@pytest.mark.parametrize("variant", ["sdmlp", pytest.param("sdmlp_ewc", marks=pytest.mark.slow)])
 def test_the_engine_with_the_sparse_step_equals_the_dense_run(tmp_path, caplog, variant, platform):
   """The driver's run with train_step 'auto' (the sparse step once few units fire) against 'dense':
   the same final parameters to float rounding, with and without a regulariser. (tests/sparse_test.py

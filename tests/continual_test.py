@@ -281,6 +281,7 @@ def test_the_block_schedule_is_produced_as_it_is_consumed():
   assert progress.blocks_done == 3 and peak < 2**20  # (the list was 2**31 tuples: > 100 GB)
 
 
+@pytest.mark.slow
 def test_fit_takes_an_optax_transformation_and_adds_the_projection():
   """An optax chain for `optimizer`: the same run as the authors' optimiser by name (clip 1.0, SGD
   0.05, projection appended), and a typed result."""

@@ -758,6 +758,7 @@ runpy.run_module("experiments.split_mnist", run_name="__main__")
   return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_population_run_as_interrupted_and_the_same_command_resumes_it_bitwise(tmp_path):
   """Issue 57: SIGTERM ended a run with no message and no status. Now results.json says
   "interrupted", one line says so and that the same command resumes, the exit status is 143 (no

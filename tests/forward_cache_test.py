@@ -141,6 +141,7 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   chex.assert_trees_all_equal(resumed.params, b.params)
 
 
+@pytest.mark.slow
 def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_and_a_resume(monkeypatch):
   """Real MNIST, SDMLP+EWC past the switch, blocks of 2 epochs through `StepPolicy.run_block`: the
   cache one block leaves is taken over by the task's next block (whose first epoch then computes

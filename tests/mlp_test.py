@@ -89,7 +89,14 @@ def _digits(per_class: int, test_per_class: int, classes: int = 4):
   )
 
 
-@pytest.mark.parametrize("name", ["sdmlp", "topk", "relu"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    pytest.param("sdmlp", marks=[pytest.mark.slow, pytest.mark.every_stack]),
+    pytest.param("topk", marks=pytest.mark.slow),
+    pytest.param("relu", marks=pytest.mark.slow),
+  ],
+)
 def test_fit_trains_the_module_as_the_functional_model(name):
   """Two tasks of real digits with EWC: the module (the network path, its constraint from
   `sdm_values`) and the functional model (`train_step="dense"`) from the same weights train alike:

@@ -425,6 +425,7 @@ def test_the_built_in_methods_consolidate_as_their_parts(halfway):
     reg.method_of(reg.RegularizerSpec("nope", 1.0))
 
 
+@pytest.mark.slow
 def test_a_method_defined_in_a_test_file_trains_on_the_dense_and_the_sparse_step(halfway):
   """The toy method through the engine: its task boundary anchors the parameters, its penalty pulls
   the next task's training towards them, and the sparse step (CPU backend) takes the same steps as

@@ -11,6 +11,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import sdm_jax
 from sdm_jax.core import centering, diagnostics
@@ -86,6 +87,7 @@ def _train(recipe: bool):
   return float(accuracy), test_stats, warnings
 
 
+@pytest.mark.slow
 def test_the_plain_head_crowds_and_is_flagged_the_recipe_learns_and_is_not():
   accuracy, stats, warnings = _train(recipe=True)
   assert accuracy > 0.8  # 10 classes: chance is 0.1 (0.86 when written)

@@ -91,6 +91,7 @@ def test_matching_band_is_the_widest_run_of_matching_points():
   assert band == dict(dataset="mnist", head="recipe", matching_lrs=[0.1, 1.0, 100.0], band=[0.1, 1.0], band_width=10.0)
 
 
+@pytest.mark.slow
 def test_tiny_window_on_mnist_records_real_numbers_caches_and_plots(tmp_path, monkeypatch, saved_figures):
   c = tiny(probe_heads="relu")
   results = sdm_window.run(c, tmp_path, parts=("window", "probe"))

@@ -106,6 +106,7 @@ def test_schedule_tries_when_few_units_fire_and_backs_off_after_a_miss():
     assert (schedule.retry_at, schedule.started) == (retry_at, started)
 
 
+@pytest.mark.slow
 def test_before_the_first_consolidation_blocks_skip_the_zero_penalty_bit_for_bit(on_cpu):
   """SDMLP+EWC before any consolidation: the unpenalized blocks (no penalty passes) train exactly as
   the penalized ones, dense (fused) and sparse; `run_block` picks them until a slot is filled."""
