@@ -271,3 +271,14 @@ def test_conv_sdm_through_the_class_incremental_protocol_on_real_images(tmp_path
   # (0.66 and 0.71: a neuron fires for more than k/32 of the rows while λ < 1), near +1 after task 2.
   assert all(0.3 < row["gaba_lambda_mean"] < 0.9 for row in first), first
   assert all(row["gaba_lambda_mean"] > 0.95 for row in second), second
+
+
+def test_conv_sdm_takes_its_head_as_a_configs_dict():
+  """A config names the ConvSDM by import path with plain arguments (`model.network_args`): the
+  head as a dict of `SDMSpec`'s fields builds the same module as the spec itself."""
+  fields = dict(neurons=12, k=3, switch_activations=100.0, positive=False)
+  kwargs = dict(dim=8, depth=1, kernel_size=3, patch_size=8)
+  a = convmixer.ConvSDM(fields, 10, rngs=nnx.Rngs(0), **kwargs)
+  b = convmixer.ConvSDM(sdm_layer.SDMSpec(**fields), 10, rngs=nnx.Rngs(0), **kwargs)
+  assert a.sdm.spec == b.sdm.spec and a.sdm_values is None
+  jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(a)), nnx.to_pure_dict(nnx.state(b)))

@@ -40,7 +40,7 @@ Synopsis::
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from flax import nnx
 import jax
@@ -149,11 +149,12 @@ class ConvSDM(nnx.Module):
   reference's `SDM_Module_ReLU_Replacement`. `out` is X_v, PyTorch's nn.Linear init, with a bias
   only when the head has one (none for SDM, as the reference) and clamped >= 0 when the head is
   positive (`sdm_values`: the constraint keeps it so). The trunk's arguments are `ConvMixer`'s.
+  `head` may also be a dict of `SDMSpec`'s fields (as a config's `model.network_args` gives it).
   """
 
   def __init__(
     self,
-    head: sdm_layer.SDMSpec,
+    head: sdm_layer.SDMSpec | Mapping[str, Any],
     num_classes: int,
     *,
     dim: int = 256,
@@ -162,6 +163,7 @@ class ConvSDM(nnx.Module):
     patch_size: int = 2,
     rngs: nnx.Rngs,
   ):
+    head = head if isinstance(head, sdm_layer.SDMSpec) else sdm_layer.SDMSpec(**head)
     self.trunk = ConvMixer(
       dim=dim, depth=depth, kernel_size=kernel_size, patch_size=patch_size, num_classes=0, rngs=rngs
     )
