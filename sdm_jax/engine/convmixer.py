@@ -122,7 +122,6 @@ class ConvMixer(nnx.Module):
     channels: int = 3,
     rngs: nnx.Rngs,
   ):
-    self.dim, self.num_classes = dim, num_classes
     self.patch = nnx.Conv(channels, dim, (patch_size, patch_size), strides=patch_size, padding="VALID", rngs=rngs)
     self.patch_norm = _batch_norm(dim, rngs)
     self.blocks = nnx.List([MixerBlock(dim, kernel_size, rngs=rngs) for _ in range(depth)])
