@@ -21,10 +21,13 @@ platform (tests/mlp_test.py), and the module trains through `fit` as the functio
 (the same accuracies, and losses to float rounding: two programs that XLA may fuse differently).
 
 Which path trains what: the configured rows and `fit`'s string shortcuts train the functional form
-(`models.ModelSpec`: its flat arrays are what the CPU backend's fused and sparse steps read), a
-module of this class the path for NNX networks (the dense step). Two differences of the module
-path: a population cannot vary its k or T (`Network.population_fields`), and dropout draws its
-masks from the module's "dropout" stream, not from the engine's key (same rate, other masks).
+(`models.ModelSpec`). A module of this class goes through the engine's path for NNX networks
+(`networks.network`: its state is the module's, {hidden: {counts}} for the counters), but without
+dropout it is trained by the functional model's own steps on that state (`FunctionalStep`: the
+dense step, and the CPU backend's fused and sparse steps where they apply), so `fit(model=net)`
+trains as `fit(model=spec)` does, bit for bit from the same weights. With dropout the module trains
+by the generic network step, its masks drawn from its "dropout" stream, not the engine's key (same
+rate, other masks). Either way a population cannot vary its k or T (`Network.population_fields`).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from typing import NamedTuple
+
 from sdm_jax.core import nnx_layer
-from sdm_jax.engine import models
+from sdm_jax.engine import models, steps
 
 #: The module's value layers (`networks.network`'s `values`): a positive SDMLP keeps its readout >= 0.
 VALUES = "output"
@@ -97,3 +102,30 @@ def from_state(spec: models.ModelSpec, params: dict, counters: jax.Array | None 
 def state_of(net: MLP) -> tuple[dict, jax.Array]:
   """(params, counters) of the module as the functional model holds them (`models.ModelSpec.init`)."""
   return nnx.to_pure_dict(nnx.state(net, nnx.Param)), net.hidden.counts[...]
+
+
+class FunctionalStep(NamedTuple):
+  """A training step of the functional model (`models.ModelSpec`) on the state of an `MLP` network
+  (`networks.Network.functional`), behind the step interface (`steps.TrainStep`).
+
+  The two states differ only in the counters' layout: the network's {"hidden": {"counts": [neurons]}}
+  (its params are the functional model's {hidden, output} dicts already). `enter` hands the inner
+  step the flat counters and `exit` nests them again, so the loop, the checkpoints and the
+  evaluations see the network's state while every batch runs the functional model's step.
+  """
+
+  #: The functional model's step (`train.DenseStep`, or a CPU backend's fused or sparse step).
+  step: steps.TrainStep
+
+  def enter(self, state, task: steps.TaskRows):
+    """The inner step's state, the counters flat."""
+    return self.step.enter(state.replace(gaba_counts=state.gaba_counts["hidden"]["counts"]), task)
+
+  def __call__(self, state, batch: steps.Batch):
+    """The inner step."""
+    return self.step(state, batch)
+
+  def exit(self, state):
+    """The network's state again, the counters nested."""
+    state = self.step.exit(state)
+    return state.replace(gaba_counts={"hidden": {"counts": state.gaba_counts}})

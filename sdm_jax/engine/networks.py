@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from sdm_jax.core import nnx_layer, paths, sdm_layer, topk
+from sdm_jax.engine import mlp, models
 
 
 class Hidden(NamedTuple):
@@ -101,6 +102,10 @@ class Network:
     num_classes: the width of the logits.
     input_shape: one example's shape as the module takes it (the dataset's stored shape).
     values: the value layers the SDM constraint keeps >= 0 (`nnx_layer.projection`'s `values`), or None.
+    functional: the built-in model (`models.ModelSpec`) the module computes, when it is an `mlp.MLP`
+      (that class itself) whose only other variables are its GABA counters; else None. The engine
+      then trains it with that model's steps on the module's state (`mlp.FunctionalStep`), so the
+      CPU backend's fused and sparse steps apply where the model allows (`step_policy.choose`).
   """
 
   name: str
@@ -113,6 +118,7 @@ class Network:
   num_classes: int
   input_shape: tuple[int, ...]
   values: paths.Marks | None = None
+  functional: models.ModelSpec | None = None
 
   @property
   def neurons(self) -> int:
@@ -298,8 +304,19 @@ def network(
     num_classes=0,
     input_shape=tuple(int(d) for d in input_shape),
     values=values,
+    functional=_functional(abstract, counters),
   )
   return dataclasses.replace(net, num_classes=_num_classes(net))
+
+
+def _functional(module: nnx.Module, counters) -> models.ModelSpec | None:
+  """The built-in model an `mlp.MLP` computes (not a subclass, which may compute something else),
+  when its only non-Param variables are the hidden layer's counters (no dropout RNG stream), so
+  that its state is the functional model's in another layout (`mlp.FunctionalStep`)."""
+  if type(module) is not mlp.MLP:
+    return None
+  layout = jax.tree.map(lambda _: None, _string_keys(nnx.to_pure_dict(counters)))
+  return module.spec if layout == {"hidden": {"counts": None}} else None
 
 
 def _builder(model: Callable) -> Callable[[nnx.Rngs], nnx.Module]:

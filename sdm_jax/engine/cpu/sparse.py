@@ -192,7 +192,7 @@ def ineligibility(
     layers = ", ".join(repr(path) for path, _ in spec.sdm_layers) or "none"
     return (
       f"{spec.name} is a user network (its SDM layers: {layers}): the sparse step implements the built-in "
-      "one-hidden-layer SDMLP (pixels -> SDM layer -> readout) only"
+      "one-hidden-layer SDMLP (pixels -> SDM layer -> readout) only, which an mlp.MLP module without dropout is"
     )
   if spec.hidden.k_schedule not in ("gaba", "flat"):
     return f"k_schedule {spec.hidden.k_schedule!r} (only 'gaba' and 'flat' have a fixed k)"

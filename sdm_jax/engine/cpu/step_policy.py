@@ -23,6 +23,10 @@ A model trains with one of two steps that compute the same training to float rou
   for plain SGD with clipping, the SDM constraint, no biases or dropout and a fixed k
   (`sparse.ineligibility`), one learning rate and k per program, one device per model.
 
+A network that is a built-in model as a module (`mlp.MLP` without dropout: `functional_model`)
+trains with that model's steps, each wrapped to read and write the network's state
+(`mlp.FunctionalStep`); any other network has the dense step, with the reason.
+
 `StepPolicy` holds the decision and its reason, the optimiser both steps implement (one set of
 settings: `tx()` builds the dense chain, `sgd` the sparse step's), and the forward cache's memory
 budget. `run_block` tries the sparse step once the last block showed at most `capacity` active
@@ -46,7 +50,7 @@ import numpy as np
 import optax
 
 from sdm_jax.core import placement
-from sdm_jax.engine import models, optimizers, regularizers, train
+from sdm_jax.engine import mlp, optimizers, regularizers, steps, train
 from sdm_jax.engine.cpu import forward_cache, fused_dense, sparse
 
 #: The forward caches' memory budget in bytes (2 GiB: one 10K-neuron task of MNIST, 12,665 x 10,000
@@ -166,8 +170,8 @@ class StepPolicy(NamedTuple):
   (`DEFAULT_CACHE_BYTES`; 0: the sparse step computes its forward densely); `spec`: the model.
   """
 
-  #: The model the blocks train.
-  spec: models.ModelSpec
+  #: The model the blocks train (`models.ModelSpec` or `networks.Network`).
+  spec: steps.Model
   #: The optimiser settings both steps implement (`tx` builds the dense chain from them).
   optimizer: OptimizerSettings
   #: The sparse step's settings; None when the dense step must train every block.
@@ -178,11 +182,17 @@ class StepPolicy(NamedTuple):
   #: its forward densely).
   cache_bytes: int = DEFAULT_CACHE_BYTES
 
+  @property
+  def model(self) -> steps.Model:
+    """The model whose steps train the blocks: `spec`, or the built-in model an `mlp.MLP` network
+    computes (`networks.Network.functional`), whose steps then run on the network's state."""
+    return functional_model(self.spec)
+
   def tx(self, *, inject_learning_rate: bool = False) -> optax.GradientTransformation:
     """The dense step's chain: clip -> optimiser -> SDM projection (`optimizers.for_model`)."""
     o = self.optimizer
     return optimizers.for_model(
-      self.spec,
+      self.model,
       o.name,
       o.learning_rate,
       clip_norm=o.clip_norm or None,
@@ -211,25 +221,31 @@ class StepPolicy(NamedTuple):
     """The run's compiled blocks of `epochs` epochs (`train.make_train_block`; `options`: seed_loop,
     data_repeats, mesh). `tx`: the dense step's chain if not `self.tx()` (a population's, with its
     learning rate in the optimiser state)."""
-    block = functools.partial(
+    model = self.model
+    make_block = functools.partial(
       train.make_train_block, batch_size=batch_size, epochs=epochs, seed_axis_data=seed_axis_data, **options
     )
-    dense = train.DenseStep(self.spec, self.tx() if tx is None else tx, regularizer)
+
+    def block(step):
+      # (an `mlp.MLP` network: the functional model's steps on the network's state)
+      return make_block(step=step if model is self.spec else mlp.FunctionalStep(step))
+
+    dense = train.DenseStep(model, self.tx() if tx is None else tx, regularizer)
     if self.sgd is None:
-      return Blocks(dense=block(step=dense), sparse=None, capacity=0)
-    why = sparse.ineligibility(self.spec, optimizer="sgd", regularizer=regularizer)
+      return Blocks(dense=block(dense), sparse=None, capacity=0)
+    why = sparse.ineligibility(model, optimizer="sgd", regularizer=regularizer)
     if why is not None:
       raise ValueError(f"the sparse step is not exact here: {why}")
-    if fused_dense.ineligibility(self.spec, regularizer) is None:
-      dense = fused_dense.FusedDenseStep(self.spec, self.sgd, regularizer)
-    sparse_step = functools.partial(sparse.SparseStep, self.spec, self.sgd, regularizer)
+    if fused_dense.ineligibility(model, regularizer) is None:
+      dense = fused_dense.FusedDenseStep(model, self.sgd, regularizer)
+    sparse_step = functools.partial(sparse.SparseStep, model, self.sgd, regularizer)
     cached = bool(self.cache_bytes)
     blocks = Blocks(
-      dense=block(step=dense),
-      sparse=block(step=sparse_step(cache_bytes=self.cache_bytes)),
-      capacity=self.sgd.capacity(self.spec),
-      uncached=block(step=sparse_step()) if cached else None,
-      carrying=block(step=sparse_step(cache_bytes=self.cache_bytes, keep_cache=True)) if cached else None,
+      dense=block(dense),
+      sparse=block(sparse_step(cache_bytes=self.cache_bytes)),
+      capacity=self.sgd.capacity(model),
+      uncached=block(sparse_step()) if cached else None,
+      carrying=block(sparse_step(cache_bytes=self.cache_bytes, keep_cache=True)) if cached else None,
     )
     # A method whose state changes only at consolidations (`Method.zero_until_consolidated`) has a
     # penalty exactly zero before the first one (value and gradient 2 lambda A (theta - m), A = 0):
@@ -313,7 +329,7 @@ class StepPolicy(NamedTuple):
 
 
 def choose(
-  spec: models.ModelSpec,
+  spec: steps.Model,
   *,
   optimizer: str = "sgd",
   learning_rate: float = 0.05,
@@ -344,7 +360,8 @@ def choose(
   if train_step == "dense":
     reason = "train_step 'dense'"
   else:
-    reason = sparse.ineligibility(spec, optimizer=optimizer, weight_decay=weight_decay, regularizer=regularizer)
+    model = functional_model(spec)
+    reason = sparse.ineligibility(model, optimizer=optimizer, weight_decay=weight_decay, regularizer=regularizer)
   if reason is None and not placement.is_cpu():
     where = placement.platform()
     reason = f"the {where} platform (the sparse step is a CPU path)"
@@ -356,6 +373,11 @@ def choose(
     reason = "a population with its own learning rate, k or T per model"
   sgd = None if reason is not None else sparse.SparseSGD(learning_rate, clip_norm or None)
   return StepPolicy(spec=spec, optimizer=settings, sgd=sgd, reason=reason, cache_bytes=cache_bytes)
+
+
+def functional_model(spec: steps.Model) -> steps.Model:
+  """`spec`, or for a network of an `mlp.MLP` the built-in model it computes (`Network.functional`)."""
+  return getattr(spec, "functional", None) or spec
 
 
 def sparse_or_dense_block(states, *data, dense_block, sparse_block=None, cache=None):
