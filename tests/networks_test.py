@@ -261,3 +261,25 @@ def test_a_partial_of_a_module_class_is_a_builder_called_with_rngs():
   a, b = net.init(jax.random.PRNGKey(0)), net.init(jax.random.PRNGKey(1))
   assert a[0]["conv"]["kernel"].shape == (3, 3, 1, 2)
   assert not np.array_equal(a[0]["conv"]["kernel"], b[0]["conv"]["kernel"])
+
+
+def test_a_network_without_an_sdm_layer_reports_no_dead_unit_and_strict_json(tmp_path):
+  """A network without an SDM layer counts no unit: its dead fraction is 0 (it was NaN, which
+  results.json wrote as a bare NaN that strict JSON parsers refuse, and TensorBoard warned about)."""
+
+  class Plain(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden, self.out = nnx.Linear(16, 8, rngs=rngs), nnx.Linear(8, 4, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(nnx.relu(self.hidden(x)))
+
+  x = np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32)
+  result = fit.fit(x, np.repeat(np.arange(4), 10), model=Plain, epochs_per_task=1, batch_size=5, workdir=str(tmp_path))
+
+  def refuse(constant):
+    raise ValueError(f"results.json holds {constant}")
+
+  saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+  assert saved["per_seed"][0]["dead_fraction"] == 0.0
+  assert [row["dead_fraction"] for row in result.curves] == [0.0, 0.0]
