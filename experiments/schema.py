@@ -207,6 +207,8 @@ def network_of(config: ml_collections.ConfigDict):
       values=values,
     )
   except (networks.NetworkError, TypeError, ValueError) as e:
+    if str(e).startswith("values: "):
+      _fail("model.network_values", f"{m.network}: {str(e).removeprefix('values: ')}")
     _fail("model.network", f"{m.network} with model.network_args {args}: {str(e).removeprefix('model: ')}")
 
 

@@ -129,6 +129,8 @@ def test_a_network_the_engine_cannot_train_is_refused_naming_why():
     networks.network(lambda rngs: nnx.Linear(4, 3, rngs=rngs), input_shape=(5,))
   with pytest.raises(networks.NetworkError, match=r"returned an array of shape \(2, 3, 2\)"):
     networks.network(lambda rngs: nnx.Linear(2, 2, rngs=rngs), input_shape=(3, 2))
+  with pytest.raises(networks.NetworkError, match=r"^values: no parameter at path 'outt'; the tree has \['conv/bias'"):
+    networks.network(lambda rngs: PlainCNN(rngs), input_shape=(196,), values="outt")  # (at once, not at the first step)
   with pytest.raises(ValueError, match=r"^model: .* returns 10 logits; y has 4 classes"):
     x, y, *_ = _digits(5, 1)
     fit.fit(x[y < 4], y[y < 4], model=lambda rngs: TinyCNN(rngs=rngs), epochs_per_task=1, batch_size=4)

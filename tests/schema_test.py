@@ -144,6 +144,7 @@ NETWORK_REFUSALS = {
   "a population of k": (dict(population_k=(5, 10)), "population.model.k", "a network's layers fix k and T"),
   "a lazy optimiser": (dict(optimizer="lazy_sgdm"), "optimizer.name", "reads the built-in models' 'hidden'"),
   "gaba_switch_epochs": (dict(gaba_switch_epochs=2.0), "model.gaba_switch_epochs", "take their own T"),
+  "a value layer it lacks": (dict(network_values="outt"), "model.network_values", r"no parameter at path 'outt'"),
 }
 
 

@@ -268,7 +268,7 @@ def network(
   (`mlp.MLP`'s), else none.
 
   Raises `NetworkError` naming what is wrong: the module's call fails or does not return
-  [batch, classes] logits on an input of `input_shape`. An SDM layer with the linear k schedule
+  [batch, classes] logits on an input of `input_shape`, or `values` names no parameter. An SDM layer with the linear k schedule
   (Eq. 4) reads the run's global epoch, which the engine sets on it (`nnx_layer.SDM.epoch`).
   """
   if isinstance(model, nnx.Module):
@@ -288,6 +288,11 @@ def network(
   if values is None:
     values = getattr(abstract, "sdm_values", None)  # (a module may name its own, as `mlp.MLP` does)
   graphdef, params, counters = nnx.split(abstract, nnx.Param, ...)
+  if values is not None:  # (here, not when the first step is traced: a typo is named at once)
+    try:
+      paths.require(_string_keys(nnx.to_pure_dict(params)), paths.as_paths(values, "values"), "values")
+    except ValueError as e:
+      raise NetworkError(str(e)) from e
   layers = tuple((path, module.spec) for path, module in nnx_layer.sdm_modules(abstract))
   initial = None
   if build is None:
