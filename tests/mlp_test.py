@@ -137,7 +137,8 @@ def test_fit_trains_an_mlp_module_with_the_functional_model_s_steps(name, monkey
   sparse_a, ran_sparse[:] = list(ran_sparse), []
   b = fit.fit(x, y, test_x=test_x, test_y=test_y, model=net, **_FIT_OPTIONS)
   assert b.results["training_step"] == a.results["training_step"]
-  assert ran_sparse == sparse_a and any(ran_sparse) == (name == "sdmlp")  # (SDMLP: sparse after the switch)
+  # (SDMLP on CPU: sparse after the switch; elsewhere the policy is dense: `step_policy.choose`)
+  assert ran_sparse == sparse_a and any(ran_sparse) == (name == "sdmlp" and placement.is_cpu())
   if placement.is_cpu():
     np.testing.assert_array_equal(b.acc_matrix, a.acc_matrix)
   else:  # (the evaluations are two programs elsewhere: an example near a tie may flip)

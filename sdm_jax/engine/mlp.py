@@ -5,7 +5,7 @@ Synopsis::
     spec = models.sdmlp(input_size=784, neurons=1000, num_classes=10, k=10, switch_activations=T)
     net = mlp.MLP(spec, rngs=nnx.Rngs(0))       # net.hidden: nnx_layer.SDM (its GABA counters); net.output: nnx.Linear
     logits = net(x)                             # x [batch, 784] (or [batch, 28, 28]: flattened)
-    result = fit.fit(x, y, model=net, regularizer=ewc)     # the engine trains it as any NNX network
+    result = fit.fit(x, y, model=net, regularizer=ewc)     # trained by the functional model's steps (FunctionalStep)
     net = mlp.from_state(spec, params, counters)           # a run's arrays (one seed) as the module
     params, counters = mlp.state_of(net)                   # and back
 
@@ -17,8 +17,7 @@ layer (`sdm_layer.apply`, the GABA counters C_i of Eq. 12 as its `counts`; the R
 the "none" schedule, Eq. 3 without Top-K), dropout is `nnx.Dropout`, the readout `nnx.Linear`; the
 weights start as `models.init_params` (PyTorch's init, then the SDM constraint: App. A.5). So
 `from_state(spec, params, counters)(x)` equals `models.forward(params, x, ...)` bit for bit on one
-platform (tests/mlp_test.py), and the module trains through `fit` as the functional model does
-(the same accuracies, and losses to float rounding: two programs that XLA may fuse differently).
+platform (tests/mlp_test.py), and the module trains through `fit` as the functional model does.
 
 Which path trains what: the configured rows and `fit`'s string shortcuts train the functional form
 (`models.ModelSpec`). A module of this class goes through the engine's path for NNX networks
@@ -32,11 +31,11 @@ rate, other masks). Either way a population cannot vary its k or T (`Network.pop
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
-
-from typing import NamedTuple
 
 from sdm_jax.core import nnx_layer
 from sdm_jax.engine import models, steps
