@@ -265,9 +265,10 @@ def test_a_partial_of_a_module_class_is_a_builder_called_with_rngs():
   assert not np.array_equal(a[0]["conv"]["kernel"], b[0]["conv"]["kernel"])
 
 
-def test_a_network_without_an_sdm_layer_reports_no_dead_unit_and_strict_json(tmp_path):
-  """A network without an SDM layer counts no unit: its dead fraction is 0 (it was NaN, which
-  results.json wrote as a bare NaN that strict JSON parsers refuse, and TensorBoard warned about)."""
+def test_a_network_without_an_sdm_layer_has_no_dead_fraction_and_strict_json(tmp_path):
+  """A network without an SDM layer counts no unit: its dead fraction is NaN in the curves (the
+  analyses read that as "no value"), null in results.json (which held a bare NaN that strict JSON
+  parsers refuse) and absent from TensorBoard (which warned on every block)."""
 
   class Plain(nnx.Module):
     def __init__(self, rngs):
@@ -283,5 +284,10 @@ def test_a_network_without_an_sdm_layer_reports_no_dead_unit_and_strict_json(tmp
     raise ValueError(f"results.json holds {constant}")
 
   saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
-  assert saved["per_seed"][0]["dead_fraction"] == 0.0
-  assert [row["dead_fraction"] for row in result.curves] == [0.0, 0.0]
+  assert saved["per_seed"][0]["dead_fraction"] is None
+  assert all(np.isnan(row["dead_fraction"]) for row in result.curves) and len(result.curves) == 2
+  event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  events.Reload()
+  tags = events.Tags()["scalars"]
+  assert "seed_0/full_accuracy" in tags and "seed_0/dead_fraction" not in tags

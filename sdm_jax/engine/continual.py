@@ -582,7 +582,8 @@ def summarize(
           progress.acc[i], progress.acc_task_il[i] if task_incremental else None, test_sizes=tasks.test_sizes_of(i)
         )
       )
-    entry["dead_fraction"] = None if progress.dead_fraction is None else float(progress.dead_fraction[i])
+    dead = None if progress.dead_fraction is None else float(progress.dead_fraction[i])
+    entry["dead_fraction"] = None if dead is None or np.isnan(dead) else dead  # (NaN: no SDM unit; JSON has no NaN)
     per_seed.append(entry)
   results = dict(tasks_finished=finished, summary=_final_summary(per_seed), per_seed=per_seed)
   if labels and "member" in labels[0]:

@@ -35,13 +35,8 @@ def dead_fraction(activity_sum, threshold: float = DEAD_ACTIVITY_THRESHOLD):
     threshold: the reference's `active_threshold`.
 
   Returns:
-    The fraction over the last axis: a Python float for a 1-D numpy input, else an array; 0 where
-    the last axis is empty (a network without an SDM layer counts no unit, so none is dead).
+    The fraction over the last axis: a Python float for a 1-D numpy input, else an array.
   """
-  if np.shape(activity_sum)[-1] == 0:  # (static: a shape, also under jit)
-    zeros = np.zeros(np.shape(activity_sum)[:-1], np.float32)
-    host = isinstance(activity_sum, (np.ndarray, list, tuple))
-    return float(zeros) if host and zeros.ndim == 0 else zeros
   out = (
     (activity_sum < threshold).mean(-1)
     if hasattr(activity_sum, "mean")

@@ -21,6 +21,7 @@ hold none); TensorBoard's event files are a view of the same rows.
 from __future__ import annotations
 
 import csv
+import math
 import pathlib
 from typing import Iterable, Sequence
 
@@ -82,8 +83,11 @@ class TensorBoardWriter:
     self._labels = set(labels)
 
   def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    """Each scalar at `step`; a NaN (a value the run does not have, such as the dead fraction of a
+    network without an SDM unit) is left out: TensorBoard cannot draw it and warns on each one."""
     for name, value in scalars.items():
-      self._writer.add_scalar(name, value, global_step=step)
+      if not math.isnan(value):
+        self._writer.add_scalar(name, value, global_step=step)
 
   def write_rows(self, rows: Iterable[dict]) -> None:
     for row in rows:
