@@ -131,6 +131,8 @@ def test_a_network_the_engine_cannot_train_is_refused_naming_why():
     networks.network(lambda rngs: nnx.Linear(2, 2, rngs=rngs), input_shape=(3, 2))
   with pytest.raises(networks.NetworkError, match=r"^values: no parameter at path 'outt'; the tree has \['conv/bias'"):
     networks.network(lambda rngs: PlainCNN(rngs), input_shape=(196,), values="outt")  # (at once, not at the first step)
+  marks = lambda params: jax.tree.map(lambda _: False, params)  # noqa: E731 (a mask function is not checked as paths)
+  assert networks.network(lambda rngs: PlainCNN(rngs), input_shape=(196,), values=marks).values is marks
   with pytest.raises(ValueError, match=r"^model: .* returns 10 logits; y has 4 classes"):
     x, y, *_ = _digits(5, 1)
     fit.fit(x[y < 4], y[y < 4], model=lambda rngs: TinyCNN(rngs=rngs), epochs_per_task=1, batch_size=4)
