@@ -124,7 +124,7 @@ def test_the_gaba_counters_count_the_real_rows_as_the_module_itself_counts_them(
 
 
 def test_a_network_the_engine_cannot_train_is_refused_naming_why():
-  # (A linear-schedule SDM layer is trained: the engine sets its epoch; tests/mlp_test.py's Top-K.)
+  # (A linear-schedule SDM layer is trained: the engine sets its epoch; the Top-K MLP subclass in tests/mlp_test.py.)
   with pytest.raises(networks.NetworkError, match=r"failed on an input of shape \(2, 5\)"):
     networks.network(lambda rngs: nnx.Linear(4, 3, rngs=rngs), input_shape=(5,))
   with pytest.raises(networks.NetworkError, match=r"returned an array of shape \(2, 3, 2\)"):

@@ -288,9 +288,8 @@ def network(
   if values is None:
     values = getattr(abstract, "sdm_values", None)  # (a module may name its own, as `mlp.MLP` does)
   graphdef, params, counters = nnx.split(abstract, nnx.Param, ...)
-  if values is not None and paths.is_paths(
-    values
-  ):  # (here, not when the first step is traced: a typo is named at once)
+  # Named paths are checked here, not when the first step is traced: a typo is named at once.
+  if values is not None and paths.is_paths(values):
     try:
       paths.require(_string_keys(nnx.to_pure_dict(params)), paths.as_paths(values, "values"), "values")
     except ValueError as e:
