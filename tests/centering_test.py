@@ -162,3 +162,25 @@ def test_a_non_finite_example_is_left_out_of_the_running_mean():
   assert float(center.steps[...]) == 4
   center.eval()
   assert np.isfinite(np.asarray(sdm(center(batches[0])))).all()
+
+
+def test_rows_near_the_float32_limit_keep_the_mean_finite():
+  """Four finite rows of 3e38 summed to inf, and the running mean stayed NaN from then on (issue 69);
+  the mean is now divided before it is added, where the plain sum overflows."""
+  center = centering.Center(2)
+  center(np.full((4, 2), 3e38, np.float32))
+  np.testing.assert_allclose(center.mean[...], 3e38, rtol=1e-6)
+  center(np.full((4, 2), -3e38, np.float32))  # the step mean - batch mean overflows too
+  np.testing.assert_allclose(center.mean[...], 0.0, atol=1e32)
+  center(np.ones((3, 2), np.float32))
+  assert np.isfinite(np.asarray(center.mean[...])).all()
+
+
+def test_empty_batches_and_bad_arguments_are_refused_in_one_line():
+  with pytest.raises(ValueError, match=r"at least one example.*\(0, 5\)"):
+    centering.Center(5)(np.zeros((0, 5), np.float32))
+  with pytest.raises(ValueError, match="freeze_after must be an integer >= 0"):
+    centering.Center(5, freeze_after=-1)
+  with pytest.raises(ValueError, match="mean must be finite"):
+    centering.Center(2).set_mean(np.array([0.0, np.inf]))
+  centering.Center(5, freeze_after=0)  # 0 is allowed: the mean stays where it is set

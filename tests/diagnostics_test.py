@@ -243,3 +243,19 @@ def test_input_cosine_is_the_layers_own_geometry():
   n = len(rows)
   expected = ((rows.sum(0) ** 2).sum() - n) / (n * (n - 1))
   assert float(diagnostics.input_cosine(x)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_non_finite_inputs_or_outputs_are_flagged_and_empty_batches_refused():
+  """An all-NaN output (NaN is not > 0) and all-inf inputs (inf is not zero) passed every check as a
+  healthy layer (issue 69); a NaN or inf in any example is now named first. 0 examples: a ValueError."""
+  x, a_star, counts = _example()
+  nan_out = diagnostics.layer_stats(x, np.full_like(a_star, np.nan), counts, 80.0)
+  assert diagnostics.collapse_warning(nan_out).startswith("100% of the examples have a NaN or inf in the SDM layer")
+  inf_in = diagnostics.layer_stats(np.full_like(x, np.inf), a_star, counts, 80.0)
+  assert float(inf_in.nonfinite_fraction) == 1.0 and "NaN or inf" in diagnostics.collapse_warning(inf_in)
+  one = x.copy()
+  one[0, 0, 0] = np.nan
+  assert diagnostics.collapse_warning(diagnostics.layer_stats(one, a_star)).startswith("8% of the examples")
+  assert float(diagnostics.layer_stats(x, a_star).nonfinite_fraction) == 0.0
+  with pytest.raises(ValueError, match="at least one example"):
+    diagnostics.layer_stats(x[:0], a_star[:0])

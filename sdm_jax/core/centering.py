@@ -64,12 +64,18 @@ def running_mean_update(
   with `momentum` m at least 1 - m (an exponential moving average once steps >= 1 / (1 - m), which
   follows a trunk that is still training). After `freeze_after` steps nothing changes (a mean of the
   past only, as a continual stream needs). `steps` counts the updates that were made.
+
+  Where batch_mean - mean overflows float32 (values near its limit of 3.4e38 with opposite signs),
+  the weighted sum (1 - w) mean + w batch_mean is used instead, which stays finite; elsewhere the
+  result is the same to the bit.
   """
   steps = jnp.asarray(steps, jnp.float32)
   weight = 1.0 / (steps + 1.0)
   if momentum is not None:
     weight = jnp.maximum(weight, 1.0 - momentum)
-  new_mean = mean + weight * (jax.lax.stop_gradient(batch_mean) - mean)
+  batch_mean = jax.lax.stop_gradient(batch_mean)
+  new_mean = mean + weight * (batch_mean - mean)
+  new_mean = jnp.where(jnp.isfinite(new_mean), new_mean, (1.0 - weight) * mean + weight * batch_mean)
   if freeze_after is None:
     return new_mean, steps + 1.0
   frozen = steps >= freeze_after
@@ -83,7 +89,7 @@ class Center(nnx.Module):
     features: features per example; inputs [batch, ...] are flattened to [batch, features].
     momentum: None for the exact average of every training batch's mean, or m in (0, 1) for an
       exponential moving average with weight 1 - m (after a warm-up of exact averaging).
-    freeze_after: stop updating after this many training batches (None: never).
+    freeze_after: stop updating after this many training batches, >= 0 (None: never).
 
   In training mode (the default) the call updates the statistics with the batch's mean and then
   subtracts the updated mean; in evaluation mode (`model.eval()`) or after `freeze()` it subtracts
@@ -98,8 +104,10 @@ class Center(nnx.Module):
       raise ValueError(f"features must be an integer >= 1, got {features!r}")
     if momentum is not None and not 0.0 < momentum < 1.0:
       raise ValueError(f"momentum must be in (0, 1) or None, got {momentum!r}")
-    if freeze_after is not None and (isinstance(freeze_after, bool) or not isinstance(freeze_after, int)):
-      raise ValueError(f"freeze_after must be an integer or None, got {freeze_after!r}")
+    if freeze_after is not None and (
+      isinstance(freeze_after, bool) or not isinstance(freeze_after, int) or freeze_after < 0
+    ):
+      raise ValueError(f"freeze_after must be an integer >= 0 or None, got {freeze_after!r}")
     self.features = features
     self.momentum = momentum
     self.freeze_after = freeze_after
@@ -114,6 +122,8 @@ class Center(nnx.Module):
     image's [h, w, c]) flattened to [batch, features]."""
     if x.ndim > 2 and x.shape[-1] == self.features:
       return self(x.reshape(-1, self.features)).reshape(x.shape)
+    if x.ndim == 0 or x.shape[0] == 0:
+      raise ValueError(f"x must hold at least one example [batch, ...], got shape {x.shape}")
     x = x.reshape(x.shape[0], -1)
     if x.shape[1] != self.features:
       raise ValueError(f"x must have {self.features} features per example, got shape {x.shape}")
@@ -122,7 +132,7 @@ class Center(nnx.Module):
       # later output) non-finite for good. A batch with no finite row leaves the statistics alone.
       finite = jnp.all(jnp.isfinite(x), axis=1)
       count = jnp.sum(finite)
-      batch_mean = jnp.sum(jnp.where(finite[:, None], x, 0.0), axis=0) / jnp.maximum(count, 1)
+      batch_mean = _finite_rows_mean(x, finite, count)
       mean, steps = running_mean_update(
         self.mean[...], self.steps[...], batch_mean, momentum=self.momentum, freeze_after=self.freeze_after
       )
@@ -139,8 +149,23 @@ class Center(nnx.Module):
     mean = jnp.asarray(mean, jnp.float32).reshape(-1)
     if mean.shape != (self.features,):
       raise ValueError(f"mean must have shape ({self.features},), got {mean.shape}")
+    if not isinstance(mean, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(mean))):
+      raise ValueError("mean must be finite (a NaN or inf would make every output non-finite)")
     self.mean[...] = mean
     self.frozen = True
+
+
+def _finite_rows_mean(x: jax.Array, finite: jax.Array, count: jax.Array) -> jax.Array:
+  """The mean of the rows of `x` [batch, features] where `finite`, over `count` of them (0 if none).
+
+  Summed first, then divided; where that sum overflows float32 (rows near its limit of 3.4e38)
+  each row is divided by the count before the sum instead, which stays finite. Elsewhere the result
+  is the plain sum / count, bit for bit.
+  """
+  rows = jnp.where(finite[:, None], x, 0.0)
+  count = jnp.maximum(count, 1)
+  mean = jnp.sum(rows, axis=0) / count
+  return jnp.where(jnp.isfinite(mean), mean, jnp.sum(rows / count, axis=0))
 
 
 def normalize_output(a_star: jax.Array, *, scale: float = 1.0) -> jax.Array:

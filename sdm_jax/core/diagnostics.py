@@ -32,8 +32,11 @@ What each statistic catches, from the layer's equations:
   example points the same way (crowding), so every example ranks the neurons alike by their
   cosine with the common direction: the same k win for every class, and the gaps above are tiny.
 - `counts_total`: sum of C, for `collapse_warning` to see whether the counters moved between calls.
+- `nonfinite_fraction`: examples with a NaN or inf in their input or output. Every other statistic
+  of such a batch is meaningless (a NaN output is not > 0, an inf input is not zero), so
+  `collapse_warning` names this first.
 
-`collapse_warning` turns these into one sentence: a dead or dying trunk, silent outputs, frozen
+`collapse_warning` turns these into one sentence: non-finite values, a dead or dying trunk, silent outputs, frozen
 counters, crowded inputs (`max_input_cosine`), few neurons firing (`min_fired_ratio`) and, when
 asked, tiny outputs (`min_output_mean`). Crowding is what a trunk trained along with the layer
 does to its inputs (docs/guide/sdm_layer.md); `sdm_jax.core.centering` holds the remedy.
@@ -75,6 +78,9 @@ class LayerStats(NamedTuple):
   input_cosine: jax.Array
   #: The sum of the counters C_i (NaN without counters).
   counts_total: jax.Array
+  #: The fraction of examples with a NaN or inf in their input or their output. Its default, 0, is
+  #: for statistics stored before it existed (they are rebuilt field by field).
+  nonfinite_fraction: jax.Array = 0.0
 
 
 def input_cosine(x: jax.Array, *, positive: bool = True) -> jax.Array:
@@ -116,7 +122,11 @@ def layer_stats(
     counts: the GABA counters C [neurons] (Eq. 12), or None.
     switch_activations: T of Eq. 12, needed for `mean_lambda` (NaN without it or without counts).
     positive: whether the layer ReLUs its input (`SDMSpec.positive`), for the zero-input test.
+
+  Raises ValueError for a batch of 0 examples (no statistic has a value there).
   """
+  if x.shape[0] == 0 or a_star.shape[0] == 0:
+    raise ValueError(f"layer_stats needs at least one example; got x {x.shape} and a_star {a_star.shape}")
   x = x.reshape(x.shape[0], -1)
   active = a_star > 0
   n_active = jnp.sum(active)
@@ -138,6 +148,9 @@ def layer_stats(
     zero_input_fraction=jnp.mean(jnp.all(x_in == 0, axis=-1)).astype(jnp.float32),
     input_cosine=input_cosine(x, positive=positive).astype(jnp.float32),
     counts_total=jnp.asarray(counts_total, jnp.float32),
+    nonfinite_fraction=jnp.mean(
+      ~(jnp.all(jnp.isfinite(x), axis=-1) & jnp.all(jnp.isfinite(a_star.reshape(a_star.shape[0], -1)), axis=-1))
+    ).astype(jnp.float32),
   )
 
 
@@ -153,6 +166,8 @@ def collapse_warning(
   """The symptom, in words, if `stats` (one layer, one batch; host side) shows a collapsed layer, else None.
 
   Checked in this order, the first that holds is named:
+  0. a NaN or inf in some example's input or output (the other statistics then mean nothing: a NaN
+     output is not > 0, an inf input is not zero, so the checks below would pass such a layer);
   1. every input zero after the ReLU (the trunk stopped firing);
   2. more than `max_zero_input_fraction` of the inputs zero (the trunk is dying: those examples
      reach neither the readout nor, through the layer, the trunk);
@@ -176,7 +191,14 @@ def collapse_warning(
   """
   zero_in = _host(stats.zero_input_fraction)
   out_max = _host(stats.output_max)
+  nonfinite = _host(stats.nonfinite_fraction)
   checks = [
+    (
+      [f > 0.0 for f in nonfinite],
+      f"{100 * _first(nonfinite, [f > 0.0 for f in nonfinite]):.0f}% of the examples have a NaN or inf in the "
+      "SDM layer's input or output: its other statistics mean nothing (a diverged trunk or learning rate, "
+      "or non-finite data)",
+    ),
     (
       [z >= 1.0 for z in zero_in],
       "every input to the SDM layer is zero after its ReLU: the trunk below it stopped firing "
