@@ -21,7 +21,7 @@ import pytest
 import sdm_jax
 from sdm_jax import data
 from sdm_jax.core import centering
-from sdm_jax.engine import fit, models, networks, regularizers, train
+from sdm_jax.engine import fit, models, networks, optimizers, regularizers, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -293,3 +293,38 @@ def test_a_network_without_an_sdm_layer_has_no_dead_fraction_and_strict_json(tmp
   events.Reload()
   tags = events.Tags()["scalars"]
   assert "seed_0/full_accuracy" in tags and "seed_0/dead_fraction" not in tags
+
+
+class SmallSDM(nnx.Module):
+  """An SDM layer on 8 features and a readout: the smallest network with an SDM layer."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.sdm = sdm_jax.SDM(8, 16, k=4, switch_activations=200.0, rngs=rngs)
+    self.out = nnx.Linear(16, 4, use_bias=False, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(self.sdm(x))
+
+
+def test_a_population_of_learning_rates_on_a_network_with_an_sdm_layer_is_its_members_run_one_by_one():
+  """The optimiser of a learning-rate population is checked on the network's real parameter tree:
+  an empty tree failed on the SDM projection's paths ("addresses: no parameter at path 'sdm'"). Two
+  learning rates as one program (members mapped one after another on CPU): each member is bitwise
+  its run alone (its initial state in a program of one model), and the two differ."""
+  net = networks.network(SmallSDM, input_shape=(8,))
+  tx = optimizers.for_model(net, "sgd", 0.05, inject_learning_rate=True)
+  step = train.DenseStep(spec=net, tx=tx)
+  block = train.make_train_block(step=step, batch_size=4, epochs=2, seed_axis_data=False, seed_loop="map")
+  rng = np.random.default_rng(0)
+  data = (rng.random((1, 12, 8), np.float32), rng.integers(0, 4, (1, 12)).astype(np.int32), np.array([12]))
+  rates = np.array([0.02, 0.5], np.float32)
+  initial = train.init_states([3, 3], spec=net, tx=tx, hyper={"learning_rate": rates})
+  members = [jax.tree.map(lambda a: a[i : i + 1], initial) for i in range(2)]  # (before the block donates it)
+  population, _ = block(initial, *data, 0)
+  for i, member in enumerate(members):
+    single, _ = block(member, *data, 0)  # a program of one model: the member alone
+    for got, want in zip(jax.tree.leaves(population.params), jax.tree.leaves(single.params)):
+      np.testing.assert_array_equal(got[i], want[0])
+  kernels = population.params["sdm"]["kernel"]
+  assert not np.array_equal(kernels[0], kernels[1])
+

@@ -191,10 +191,17 @@ def _checked_population(hyper: dict, *, spec, tx, regularizer) -> dict:
       )
   if "switch_activations" in hyper and spec.hidden.k_schedule != "gaba":
     raise ValueError("a population of switch_activations (T) needs the GABA switch (k_schedule 'gaba')")
-  if "learning_rate" in hyper and optax.tree_utils.tree_get(jax.eval_shape(tx.init, {}), "learning_rate") is None:
+  if "learning_rate" in hyper and optax.tree_utils.tree_get(_abstract_opt_state(spec, tx), "learning_rate") is None:
     raise ValueError("a population of learning_rate needs an optimiser made with optax.inject_hyperparams")
   # (host arrays: no device op)
   return {name: np.asarray(values, np.int32 if name == "k" else np.float32) for name, values in hyper.items()}
+
+
+def _abstract_opt_state(spec: steps.Model, tx: optax.GradientTransformation):
+  """The optimiser state's shapes for the model's real parameter tree (no device op). An empty tree
+  will not do: a chain with an SDM projection (`optimizers.for_model`) looks up its layers' paths."""
+  params = jax.eval_shape(lambda key: spec.init(key)[0], jax.ShapeDtypeStruct((2,), jnp.uint32))
+  return jax.eval_shape(tx.init, params)
 
 
 def to_float_input(x_uint8: jax.Array) -> jax.Array:
