@@ -328,3 +328,40 @@ def test_a_population_of_learning_rates_on_a_network_with_an_sdm_layer_is_its_me
   kernels = population.params["sdm"]["kernel"]
   assert not np.array_equal(kernels[0], kernels[1])
 
+
+class WithStats(nnx.Module):
+  """The SDM layer guide's recipe's habit: the logits and the layer's statistics, as a pair."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.net = SmallSDM(rngs)
+
+  def __call__(self, x):
+    return self.net(x), {"mean": x.mean()}
+
+
+def test_a_network_returning_logits_and_aux_trains_on_the_logits_and_a_non_module_builder_is_refused():
+  """(logits, aux) is accepted, logits first (it raised "'tuple' object has no attribute 'ndim'");
+  a builder that returns a plain function, or any output but logits or such a pair, is refused in
+  one line naming `model` and what it must be."""
+  pair, plain = networks.network(WithStats, input_shape=(8,)), networks.network(SmallSDM, input_shape=(8,))
+  x = jnp.asarray(np.random.default_rng(0).random((3, 8), np.float32))
+
+  @jax.jit  # (one program: the layers run eagerly op by op take seconds)
+  def both(key):
+    params, counters = pair.init(key)
+    logits, hidden = pair.apply(params, counters, x, train=True)
+    return logits, hidden.activations, plain.apply(params["net"], counters["net"], x, train=True)[0]
+
+  logits, activations, want = both(jax.random.PRNGKey(0))
+  assert pair.num_classes == 4 and pair.sdm_layers[0][0] == "net/sdm" and len(activations) == 1
+  np.testing.assert_array_equal(logits, want)
+
+  def function_builder(rngs):
+    layer = nnx.Linear(8, 4, rngs=rngs)
+    return lambda x: layer(x)
+
+  with pytest.raises(networks.NetworkError, match=r"^model: function_builder\(nnx.Rngs\(0\)\) returned a function, "):
+    networks.network(function_builder, input_shape=(8,))
+  triple = lambda rngs: nnx.Sequential(SmallSDM(rngs), lambda y: (y, y, y))  # noqa: E731
+  with pytest.raises(networks.NetworkError, match=r"^model: Sequential returned a tuple; it must return logits"):
+    networks.network(triple, input_shape=(8,))

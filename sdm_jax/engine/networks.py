@@ -175,7 +175,8 @@ class Network:
       sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
       sdm.record_activations = record
       sdm.epoch = epoch if sdm.spec.k_schedule == "linear" else None
-    logits, recorded = nnx.capture(module, nnx.Intermediate)(x) if record else (module(x), None)
+    output, recorded = nnx.capture(module, nnx.Intermediate)(x) if record else (module(x), None)
+    logits = _logits(output)
     for sdm in layers:
       sdm.epoch = None  # (a traced value; the module is split after the pass)
     activations = tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers) if record else ()
@@ -262,12 +263,14 @@ def network(
   """Wraps an NNX module, or a function of an `nnx.Rngs` that builds one (each seed its own
   initialisation), for the engine. `input_shape`: one example's shape as the module takes it
   (the dataset's stored shape: MNIST's (28, 28), an embedding's (features,)); the module gets
-  float32 inputs (uint8 pixels scaled by 1/255) and must return logits [batch, classes].
+  float32 inputs (uint8 pixels scaled by 1/255) and must return logits [batch, classes], or a pair
+  (logits, aux) whose aux the engine drops (the SDM layer guide's recipe returns its statistics so).
   `values`: the value layers the SDM constraint keeps >= 0 (paths such as "out", as
   `nnx_layer.projection` takes them); None: the module's `sdm_values` attribute where it has one
   (`mlp.MLP`'s), else none.
 
-  Raises `NetworkError` naming what is wrong: the module's call fails or does not return
+  Raises `NetworkError` naming what is wrong: a builder makes something else than an `nnx.Module`,
+  the module's call fails or does not return
   [batch, classes] logits on an input of `input_shape`, or `values` names no parameter. An SDM layer with the linear k schedule
   (Eq. 4) reads the run's global epoch, which the engine sets on it (`nnx_layer.SDM.epoch`).
   """
@@ -276,11 +279,8 @@ def network(
     name = name or type(model).__name__
   elif callable(model):
     build = _builder(model)
-    try:
-      abstract = nnx.eval_shape(lambda: build(nnx.Rngs(0)))
-    except Exception as e:
-      raise NetworkError(f"model: building it with nnx.Rngs(0) failed: {type(e).__name__}: {e}") from e
     name = name or getattr(model, "__name__", type(model).__name__)
+    abstract = _built(build, name)
     if name == "<lambda>":
       name = type(abstract).__name__
   else:
@@ -343,6 +343,37 @@ def _call_with_rngs(model: Callable, rngs: nnx.Rngs) -> nnx.Module:
   return model(rngs=rngs)
 
 
+def _built(build: Callable[[nnx.Rngs], nnx.Module], name: str) -> nnx.Module:
+  """The module `build(nnx.Rngs(0))` makes, abstractly (`nnx.eval_shape`: no arithmetic), or
+  `NetworkError` naming `model` when building fails or makes something else than an `nnx.Module`
+  (a plain function of x, say: the engine needs the module's variables to train and store)."""
+
+  def make():
+    module = build(nnx.Rngs(0))
+    if not isinstance(module, nnx.Module):
+      made = "an array" if isinstance(module, jax.Array) else f"a {type(module).__name__}"
+      raise NetworkError(
+        f"model: {name}(nnx.Rngs(0)) returned {made}, not an nnx.Module: model must be an "
+        "nnx.Module or a function of nnx.Rngs that builds one (a module class, or lambda rngs: MyNet(..., rngs=rngs))"
+      )
+    return module
+
+  try:
+    return nnx.eval_shape(make)
+  except NetworkError:
+    raise
+  except Exception as e:
+    raise NetworkError(f"model: building it with nnx.Rngs(0) failed: {type(e).__name__}: {e}") from e
+
+
+def _logits(output):
+  """The logits of a module's output: the output itself, or the first of a pair (logits, aux) (the
+  SDM layer guide's recipe returns its layer statistics beside the logits; the engine drops them)."""
+  if isinstance(output, (tuple, list)) and len(output) == 2:
+    return output[0]
+  return output
+
+
 def _num_classes(net: Network) -> int:
   """The logits' width, from an abstract evaluation pass on two examples of `input_shape`."""
   x = jax.ShapeDtypeStruct((2, *net.input_shape), jnp.float32)
@@ -353,6 +384,11 @@ def _num_classes(net: Network) -> int:
     raise NetworkError(
       f"model: {net.name} failed on an input of shape {x.shape} (batch, *input_shape): {type(e).__name__}: {e}"
     ) from e
+  if not isinstance(logits, jax.ShapeDtypeStruct):
+    raise NetworkError(
+      f"model: {net.name} returned a {type(logits).__name__}; it must return logits [batch, classes], or a pair "
+      "(logits, aux)"
+    )
   if logits.ndim != 2 or logits.shape[0] != 2:
     raise NetworkError(
       f"model: {net.name} returned an array of shape {logits.shape} for a batch of 2; it must return logits [batch, classes]"
