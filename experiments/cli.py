@@ -1,15 +1,17 @@
-"""The one absl main behind `experiments.split_mnist`, `.split_cifar` and `.pretrain`.
+"""The one absl main behind `experiments.split_mnist`, `.split_cifar`, `.pretrain` and `.facts`.
 
 Each of those modules is `cli.main(default_config, default_workdir)`: a
 `--config` file with its variant (overridable field by field,
 `--config.FIELD=VALUE`) and a `--workdir`, run by
-`experiments.driver.train_and_evaluate`.
+`experiments.driver.train_and_evaluate` (or by a study's own `train`:
+`experiments.facts`).
 
 A refused run or a fault ends in one message and exit status 1, not a
 traceback (`--verbosity=1` logs the traceback too): a bad value names
 `config.FIELD`, an unknown field gets the closest valid names, a config file
 or variant that does not exist is named, a missing dataset says where it
-looked, a workdir that cannot be written or that another run holds says so.
+looked, a workdir that cannot be written or that another run holds says so, and
+an argument that is not a flag is named.
 
 The run logs its workdir first (the driver, once the run is accepted) and, for
 MNIST-like runs, the command that draws its figures (`experiments.analyze`) last. `--help` works with the core
@@ -25,6 +27,7 @@ import os
 import re
 import shlex
 import sys
+from typing import Any, Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -197,13 +200,26 @@ def _has_population(config) -> bool:
   return any(values for section in population.values() for values in dict(section).values())
 
 
+def config_problem(argv: list[str], default_config: str) -> str | None:
+  """One line for what the command line `argv` (program name first) gets wrong about its config, or
+  None: no such config file or variant (absl printed a FATAL block with a traceback), an unknown field
+  or ambiguous seeds (`override_problem`). Loads the config file only: no JAX, a fraction of a second."""
+  try:
+    loaded = load_config_file(_config_argument(argv, default_config))
+  except ValueError as e:
+    return str(e)
+  return override_problem(argv[1:], loaded)
+
+
 def _config_argument(argv: list[str], default: str) -> str:
+  """The --config argument absl will use: the last one given."""
+  found = default
   for i, arg in enumerate(argv):
     if arg.startswith(("--config=", "-config=")):
-      return arg.split("=", 1)[1]
-    if arg in ("--config", "-config") and i + 1 < len(argv):
-      return argv[i + 1]
-  return default
+      found = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      found = argv[i + 1]
+  return found
 
 
 def _one_line(e: BaseException, workdir: str) -> str:
@@ -212,8 +228,10 @@ def _one_line(e: BaseException, workdir: str) -> str:
   return str(e)
 
 
-def main(default_config: str, default_workdir: str) -> None:
-  """Defines --config and --workdir with these defaults, parses the command line and runs."""
+def main(default_config: str, default_workdir: str, train: Callable[[Any, str], None] | None = None) -> None:
+  """Defines --config and --workdir with these defaults, parses the command line and runs
+  `train(config, workdir)` (by default `experiments.driver.train_and_evaluate`, then the analyze
+  command). A study defines its own further flags before it calls this."""
   config = config_flags.DEFINE_config_file(
     "config", default_config, "Config file and variant, e.g. file.py:sdmlp,quick."
   )
@@ -224,14 +242,12 @@ def main(default_config: str, default_workdir: str) -> None:
   def parse(argv):
     if any(arg in ("--help", "-help", "--helpshort", "--helpfull", "-h", "-?") for arg in argv[1:]):
       return app.parse_flags_with_usage(argv)  # help first, whatever else the line holds
-    try:
-      loaded = load_config_file(_config_argument(argv, default_config))
-    except ValueError as e:  # no such file, an unknown variant: one line, not absl's traceback
-      sys.exit(f"error: {e}")
-    problem = override_problem(argv[1:], loaded)
+    problem = config_problem(argv, default_config)
     if problem:
       sys.exit(f"error: {problem}")
     rest = app.parse_flags_with_usage(argv)
+    if len(rest) > 1:  # (absl's UsageError printed the whole module docstring around it)
+      sys.exit(f"error: unexpected arguments {rest[1:]}: every option is a --flag=value (see --help)")
     try:
       workdir_lib.check_free(workdir.value)  # another live run holds it: refused before JAX is imported
     except workdir_lib.WorkdirError as e:
@@ -239,17 +255,21 @@ def main(default_config: str, default_workdir: str) -> None:
     return rest
 
   def run(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from experiments import driver  # pylint: disable=g-import-not-at-top
-
+    del argv  # (checked by `parse`)
     try:
-      driver.train_and_evaluate(config.value, workdir.value)
+      (train or _train_and_evaluate)(config.value, workdir.value)
     except (ValueError, OSError, FloatingPointError) as e:  # refusals and faults: their message says it all
       logging.debug("the traceback of the error below", exc_info=True)
       sys.exit(f"error: {_one_line(e, workdir.value)}")
-    command = analyze_command(config.value, workdir.value)
-    if command:  # last: what to run next
-      logging.info(f"figures and a report of this run: {command}")
 
   app.run(run, flags_parser=parse)
+
+
+def _train_and_evaluate(config, workdir: str) -> None:
+  """The protocol's run (`experiments.driver`), then the command that draws its figures."""
+  from experiments import driver  # pylint: disable=g-import-not-at-top
+
+  driver.train_and_evaluate(config, workdir)
+  command = analyze_command(config, workdir)
+  if command:  # last: what to run next
+    logging.info(f"figures and a report of this run: {command}")

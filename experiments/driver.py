@@ -80,23 +80,36 @@ def check_same_data(progress: dict, identity: dict | None, where: pathlib.Path) 
   return None
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+#: What a run of this driver leaves in its workdir beside config.json (`check_workdir`).
+RESULT_NAMES = ("results.json", "final_state.npz", "checkpoints")
+
+
+def check_workdir(
+  config: ml_collections.ConfigDict, workdir: pathlib.Path, results: tuple[str, ...] = RESULT_NAMES
+) -> None:
   """Refuses, before anything is written, a workdir that holds another run's results.
 
   A workdir's config.json must describe the run whose results lie beside it.
-  A workdir with results.json, final_state.npz or checkpoints from a different
-  config (fields that change results: `checkpoint.config_differences`) is
-  refused, naming the fields; rerunning the same config resumes or rewrites
-  the same results. The checkpoints' own config is checked again on restore.
+  A workdir with `results` (by default results.json, final_state.npz or checkpoints;
+  a study passes its own) from a different config (fields that change results:
+  `checkpoint.config_differences`) is refused, naming the fields; rerunning the
+  same config resumes or rewrites the same results. The checkpoints' own config
+  is checked again on restore.
   """
   saved_path = workdir / "config.json"
-  holds_results = any((workdir / name).exists() for name in ("results.json", "final_state.npz", "checkpoints"))
+  holds_results = any((workdir / name).exists() for name in results)
   if not (saved_path.is_file() and holds_results):
     return
   try:
     saved = json.loads(saved_path.read_text())
   except (OSError, ValueError) as e:
     raise ValueError(f"refusing to reuse {workdir}: its config.json cannot be read ({e}); use a new --workdir") from e
+  check_same_config(saved, config, workdir)
+
+
+def check_same_config(saved: dict, config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Raises ValueError naming each field (both values) where `config` differs from the `saved` config
+  of the results in `workdir`."""
   differences = checkpoint.config_differences(saved, _config_json(config), saved_as="workdir")
   if differences:
     raise ValueError(

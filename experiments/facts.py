@@ -11,8 +11,9 @@ switch, in a pre-norm residual block: y = x + W_o SDM(LN(x))). Settings, rows an
 experiments/configs/facts.py.
 
 Every pretraining run and every stream run is written to DIR/runs/... as JSON (pretrained
-parameters as DIR/runs/pretrain/*.pkl) and not rerun, so an interrupted run resumes; DIR/results.json
-gathers them, DIR/summary.md tabulates them, DIR/facts.png plots the stream and
+parameters as DIR/runs/pretrain/*.pkl) and not rerun, so an interrupted run resumes; DIR/config.json
+records the config they belong to (a different config on the same DIR is refused, naming the fields,
+and one run at a time holds DIR); DIR/results.json gathers them, DIR/summary.md tabulates them, DIR/facts.png plots the stream and
 DIR/facts_window.png the window (validation score against the pretraining learning rate).
 
 Selection never looks at the test stream: the pretraining recipe (lr, and k for SDM) is chosen on
@@ -31,19 +32,19 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
-from ml_collections import config_flags
 import numpy as np
 import optax
 
 from sdm_jax.core import blocks, lazy, nnx_layer
 from sdm_jax.runs import compilation_cache
+from sdm_jax.runs import workdir as workdir_lib
 
-from experiments import studies
+from experiments import cli, driver, studies
 
 PARTS = ("window", "stream")
 ROWS = ("dense", "dense_mlp", "sdm", "sdm_lazy", "sdm_memory")
@@ -741,10 +742,45 @@ def markdown(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+#: What a run leaves in its workdir beside config.json: a workdir holding one of them from another
+#: config is refused (`check_workdir`).
+RESULT_NAMES = ("results.json", "runs")
+
+
 def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
-  """Runs `parts` (cached runs are read, not rerun) and writes results.json, summary.md and the figures."""
+  """Runs `parts` (cached runs are read, not rerun) and writes results.json, summary.md and the figures.
+
+  Everything that can refuse the run does so first, in one line: the config, --parts, a workdir that
+  is a file or read-only, one another live run holds (`sdm_jax.runs.workdir`: it is locked while this
+  runs) or one that holds the runs of a different config (`check_workdir`)."""
   validate_config(c)
+  workdir = pathlib.Path(workdir)
+  workdir_lib.check_writable(workdir)
   workdir = studies.study_workdir(workdir, parts, PARTS)
+  with workdir_lib.hold(workdir):
+    check_workdir(c, workdir)
+    (workdir / "config.json").write_text(c.to_json_best_effort(indent=2, sort_keys=True))
+    return _run(c, workdir, parts)
+
+
+def check_workdir(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """Raises ValueError naming each field that differs from the config of the runs `workdir` holds
+  (its cached runs would be read as this config's). The config is the one config.json records (as
+  `experiments.driver.check_workdir`), or in a workdir written before config.json was, the one
+  results.json records."""
+  legacy = workdir / "results.json"
+  if not (workdir / "config.json").exists() and legacy.is_file():
+    try:
+      saved = json.loads(legacy.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(
+        f"refusing to reuse {workdir}: its results.json cannot be read ({e}); use a new --workdir"
+      ) from e
+    driver.check_same_config(saved, c, workdir)
+  driver.check_workdir(c, workdir, results=RESULT_NAMES)
+
+
+def _run(c: ml_collections.ConfigDict, workdir: pathlib.Path, parts) -> dict:
   start = time.perf_counter()
   data = make_data(c)
   pre = Pretrained(c, workdir, data)
@@ -801,24 +837,12 @@ def run(c: ml_collections.ConfigDict, workdir, parts=PARTS) -> dict:
   return results
 
 
-def _define_flags() -> None:
-  config_flags.DEFINE_config_file("config", "experiments/configs/facts.py:full", "Config file and variant.")
-  flags.DEFINE_string("workdir", "/tmp/sdm_jax/facts", "Where results are written.")
-  flags.DEFINE_list("parts", list(PARTS), f"Which parts to run: {', '.join(PARTS)}.")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+def train(c: ml_collections.ConfigDict, workdir: str) -> None:
+  """`experiments.cli.main`'s run: every part of --parts, then the summary on stdout."""
   compilation_cache.enable()
-  try:
-    results = run(flags.FLAGS.config, flags.FLAGS.workdir, tuple(flags.FLAGS.parts))
-  except (ValueError, OSError) as e:
-    logging.debug("the traceback of the error below", exc_info=True)
-    sys.exit(f"error: {e}")
-  print(markdown(results))
+  print(markdown(run(c, workdir, tuple(flags.FLAGS.parts))))
 
 
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main)
+  flags.DEFINE_list("parts", list(PARTS), f"Which parts to run: {', '.join(PARTS)}.")
+  cli.main("experiments/configs/facts.py:full", "/tmp/sdm_jax/facts", train)

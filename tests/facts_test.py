@@ -1,7 +1,12 @@
 """experiments/facts.py: the synthetic facts and rule, the Transformer with SDM blocks, the stream rows'
-optimisers, and the binary end to end (tiny config) with its resume."""
+optimisers, and the binary end to end (tiny config) with its resume; its workdir (a different config
+refused, locked, checked before pretraining) and its command line's refusals in one line."""
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 from flax import nnx
 import jax
@@ -9,9 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import facts
+from experiments import cli, facts
 from experiments.configs import facts as facts_config
 from sdm_jax.core import blocks
+from sdm_jax.runs import workdir as workdir_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny():
@@ -162,3 +170,74 @@ def test_bad_configs_are_refused_naming_the_field():
     facts.validate_config(c)
   with pytest.raises(ValueError, match="variant"):
     facts_config.get_config("huge")
+
+
+class _WouldTrain(Exception):
+  """Raised by `make_data` in place: the run got past its checks and would pretrain."""
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+  def refuse(c):
+    raise _WouldTrain
+
+  monkeypatch.setattr(facts, "make_data", refuse)
+
+
+def test_a_workdir_of_another_config_is_refused_naming_the_fields(tmp_path, no_training):
+  """Issue 69: --config.width=32 on a width-64 workdir exited in seconds with the first run's summary,
+  and a results.json saying width 32. The fields that differ are named, from config.json, or from
+  results.json in a workdir written before config.json was."""
+  first = tiny()
+  (tmp_path / "runs").mkdir()
+  (tmp_path / "config.json").write_text(first.to_json_best_effort(indent=2, sort_keys=True))
+  c = tiny()
+  c.width, c.pretrain_steps = 32, 7
+  with pytest.raises(
+    ValueError,
+    match=r"config differs in pretrain_steps \(workdir: 40, now: 7\); width \(workdir: 16, now: 32\)\. Rerun",
+  ):
+    facts.run(c, tmp_path)
+  (tmp_path / "config.json").unlink()
+  (tmp_path / "results.json").write_text(json.dumps(dict(config=first.to_dict(), window=[])))
+  with pytest.raises(ValueError, match=r"; width \(workdir: 16, now: 32\)"):
+    facts.run(c, tmp_path)
+  with pytest.raises(_WouldTrain):  # the same config goes on (and resumes)
+    facts.run(first, tmp_path)
+  assert json.loads((tmp_path / "config.json").read_text())["width"] == first.width
+
+
+def test_a_workdir_another_run_holds_or_that_cannot_be_written_is_refused_before_pretraining(tmp_path, no_training):
+  """Issue 69: two runs at once both ran everything; a read-only workdir was refused after ~40 s of
+  pretraining, a workdir that is a file with '[Errno 17] File exists'."""
+  with workdir_lib.hold(tmp_path):
+    with pytest.raises(ValueError, match=f"workdir {tmp_path} is in use by another run"):
+      facts.run(tiny(), tmp_path)
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match="is a file, not a directory"):
+    facts.run(tiny(), tmp_path / "file")
+  if os.geteuid() != 0:  # (root writes anywhere)
+    (tmp_path / "read_only").mkdir(mode=0o500)
+    with pytest.raises(ValueError, match="cannot be written"):
+      facts.run(tiny(), tmp_path / "read_only")
+
+
+def test_the_command_line_refuses_in_one_line(tmp_path):
+  """Issue 69: a bad variant printed a 15-line FATAL block, a misspelt field a 55-line traceback, a stray
+  argument a 34-line usage dump; now experiments.cli's one-line refusals, shared with split_mnist (the
+  config checked in-process here, as `cli.main` does before it imports JAX; a workdir that is a file:
+  the test above)."""
+  problem = lambda *argv: cli.config_problem(["facts", *argv], "experiments/configs/facts.py:full")  # noqa: E731
+  assert problem("--config=experiments/configs/facts.py:huge") == (
+    "--config=experiments/configs/facts.py:huge: unknown facts variant(s) ['huge']; known: ['full', 'quick', 'tiny']"
+  )
+  assert problem("--config.widht=32") == "config.widht: no such field in this config; closest valid names: config.width"
+  assert problem("--config=experiments/configs/facts.py:tiny", "--config.width=32") is None
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.facts", f"--workdir={tmp_path / 'run'}", "stray"],
+    cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert done.returncode == 1 and done.stderr == (
+    "error: unexpected arguments ['stray']: every option is a --flag=value (see --help)\n"
+  ), done.stderr
+  assert not (tmp_path / "run").exists()
