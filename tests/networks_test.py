@@ -22,6 +22,7 @@ import sdm_jax
 from sdm_jax import data
 from sdm_jax.core import centering
 from sdm_jax.engine import fit, models, networks, optimizers, regularizers, train
+from sdm_jax.runs import metric_writers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -267,10 +268,12 @@ def test_a_partial_of_a_module_class_is_a_builder_called_with_rngs():
   assert not np.array_equal(a[0]["conv"]["kernel"], b[0]["conv"]["kernel"])
 
 
-def test_a_network_without_an_sdm_layer_has_no_dead_fraction_and_strict_json(tmp_path):
-  """A network without an SDM layer counts no unit: its dead fraction is NaN in the curves (the
-  analyses read that as "no value"), null in results.json (which held a bare NaN that strict JSON
-  parsers refuse) and absent from TensorBoard (which warned on every block)."""
+def test_a_network_without_an_sdm_layer_has_no_unit_statistics_and_strict_json(tmp_path):
+  """A network without an SDM layer counts no unit: its dead fraction, active units per example,
+  output scale and mean GABA λ are NaN in the curves and metrics.csv (the analyses read that as "no
+  value"; they were a made-up 0.0, 0.0 and 1.0 but for the dead fraction), null in results.json
+  (which held a bare NaN that strict JSON parsers refuse) and absent from TensorBoard (which warned
+  on every block)."""
 
   class Plain(nnx.Module):
     def __init__(self, rngs):
@@ -287,12 +290,17 @@ def test_a_network_without_an_sdm_layer_has_no_dead_fraction_and_strict_json(tmp
 
   saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
   assert saved["per_seed"][0]["dead_fraction"] is None
-  assert all(np.isnan(row["dead_fraction"]) for row in result.curves) and len(result.curves) == 2
+  unit_fields = ("dead_fraction", "active_per_example", "output_mean", "gaba_lambda_mean")
+  csv_rows = metric_writers.read_rows(tmp_path / "metrics.csv")
+  assert len(result.curves) == len(csv_rows) == 2
+  for row in (*result.curves, *csv_rows):
+    assert all(np.isnan(row[name]) for name in unit_fields), row
+    assert np.isfinite(row["loss"]) and np.isfinite(row["full_accuracy"])
   event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
   events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
   events.Reload()
   tags = events.Tags()["scalars"]
-  assert "seed_0/full_accuracy" in tags and "seed_0/dead_fraction" not in tags
+  assert "seed_0/full_accuracy" in tags and not [name for name in unit_fields if f"seed_0/{name}" in tags]
 
 
 class SmallSDM(nnx.Module):

@@ -450,8 +450,17 @@ def member_labels(seeds: Sequence[int], values: Sequence[dict] | None = None) ->
   return [dict(member=m, seed=int(seed), **v) for m, (seed, v) in enumerate(zip(seeds, values))]
 
 
-def _rows(labels, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[dict], np.ndarray, np.ndarray]:
-  """The curve rows of one evaluation (one per model), and the full and seen-task accuracies."""
+#: The curve fields that count a model's SDM units: NaN in the rows of a model without one (a user
+#: network without an SDM layer), which has no active units, output scale or GABA switch (App. B.3),
+#: rather than a made-up 0 or 1. The dead fraction is NaN there already (a mean over no unit).
+UNIT_FIELDS = ("dead_fraction", "active_per_example", "output_mean", "gaba_lambda_mean")
+
+
+def _rows(
+  labels, task, counts, epoch_metrics, epochs_done, lam, units=True
+) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The curve rows of one evaluation (one per model), and the full and seen-task accuracies.
+  `units`: whether the model has SDM units; without, its `UNIT_FIELDS` are NaN."""
   per_task = counts.correct / np.maximum(counts.count, 1)
   full = counts.correct.sum(-1) / counts.count.sum(-1)
   seen = counts.correct[:, : task + 1].sum(-1) / counts.count[:, : task + 1].sum(-1)
@@ -472,6 +481,9 @@ def _rows(labels, task, counts, epoch_metrics, epochs_done, lam) -> tuple[list[d
     )
     for i, label in enumerate(labels)
   ]
+  if not units:
+    for row in rows:
+      row.update(dict.fromkeys(UNIT_FIELDS, float("nan")))
   return rows, full, seen
 
 
@@ -514,7 +526,7 @@ def run(
     progress.backend = backend.to_json()
     progress.blocks_done += 1
     _check_finite(np.asarray(epoch_metrics.loss), seeds, task, num_tasks, block * schedule.eval_every)
-    rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam)
+    rows, full, seen = _rows(labels, task, counts, epoch_metrics, epochs_done, lam, units=engine.spec.neurons > 0)
     progress.dead_fraction = np.asarray([row["dead_fraction"] for row in rows])
     task_end = block == per_task - 1
     warning = None  # (a network without an SDM layer counts no unit: nothing to collapse)
