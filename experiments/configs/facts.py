@@ -33,7 +33,7 @@ Parts (`--parts`):
   validation retention among the lrs that reach the target on every validation task.
 
 Variants: `full` (the committed results, experiments/results/facts/), `quick` (the tutorial's
-size: about a minute on 2 cores), `tiny` (a smoke test for the tests).
+size: 1 to 3.5 minutes on 2 cores), `tiny` (a smoke test for the tests).
 """
 
 import ml_collections
@@ -86,7 +86,7 @@ def get_config(variant: str = "full") -> ml_collections.ConfigDict:
   c.new_fact_target = 0.9
   c.ft_max_steps = 600
   c.ft_eval_every = 10
-  if "quick" in names:  # the tutorial's: about a minute on 2 cores
+  if "quick" in names:  # the tutorial's: 1 to 3.5 minutes on 2 cores
     c.entities, c.base_facts, c.tasks, c.facts_per_task, c.val_tasks = 32, 128, 3, 16, 1
     c.modulus, c.width, c.dense_hidden, c.neurons, c.k = 11, 64, 256, 512, 32
     c.pretrain_steps, c.batch_size, c.eval_every, c.seeds = 800, 64, 400, 1
