@@ -78,16 +78,49 @@ def field_problem(field: str, config, prefix: str = "config.") -> str | None:
   return f"{prefix}{field}: no such field in this config{hint}"
 
 
+#: The built-in models' fields (`model.kind` sdmlp, relu, topk, flymodel) that nothing reads for a
+#: network (`model.kind = "network"`), whose layers take their own from `model.network_args`. Set or
+#: swept on a network they would relabel runs of one and the same model, so they are refused.
+#: (`model.gaba_switch_epochs` is refused by the schema, which names where T goes.)
+BUILT_IN_MODEL_FIELDS = (
+  "model.neurons",
+  "model.k",
+  "model.k_schedule",
+  "model.inhibition",
+  "model.gaba_switch_activations",
+  "model.k_max",
+  "model.k_transition_epochs",
+  "model.hidden_bias",
+  "model.output_bias",
+  "model.positive_weights",
+  "model.l2_norm",
+  "model.dropout",
+  "model.threshold_method",
+  "model.n_response",
+)
+
+
+def unread_field_problem(field: str, config, prefix: str = "config.") -> str | None:
+  """One line when `field` is one of `BUILT_IN_MODEL_FIELDS` and `config` names a network, else None."""
+  if field not in BUILT_IN_MODEL_FIELDS or config_fields.get(config, "model.kind", None) != "network":
+    return None
+  return (
+    f"{prefix}{field}: a built-in model's field, which a network (model.kind 'network') does not read: set or "
+    "sweep the network's own argument instead, model.network_args.NAME (e.g. model.network_args.k)"
+  )
+
+
 def override_problem(argv: list[str], config) -> str | None:
   """One line for what the command line gets wrong about the config, or None.
 
   An unknown field (ml_collections would print a 57-line traceback) gets the
-  closest valid names. `--config.seeds=3` is refused: seeds are a tuple, and
+  closest valid names; a built-in model's field on a network is refused
+  (`unread_field_problem`). `--config.seeds=3` is refused: seeds are a tuple, and
   ml_collections reads a bare 3 as the one seed 3, where a reader may expect
   three seeds; write `--config.seeds='(0,1,2)'` or `--config.seeds='(3,)'`.
   """
   for field, value in _overrides(argv):
-    problem = field_problem(field, config)
+    problem = field_problem(field, config) or unread_field_problem(field, config)
     if problem:
       return problem
     if field == "seeds" and value is not None and _is_number(value):

@@ -71,6 +71,19 @@ def _mean_sem(values) -> str:
   return f"{np.mean(values):.3f} ± {metrics.sem(values):.3f}"
 
 
+def _units(config, results: dict) -> tuple[str, str]:
+  """The neurons and k cells: the built-in model's config fields; for a network (which reads neither:
+  its layers hold their own), its SDM layers' units and k from results.json ("–" and "NA" without
+  an SDM layer)."""
+  m = config.model
+  if m.kind == "network":
+    layers = results.get("model", {}).get("sdm_layers") or []
+    neurons = sum(layer["neurons"] for layer in layers)
+    return (f"{neurons:,}" if layers else "–"), ("/".join(str(layer["k"]) for layer in layers) or "NA")
+  k = m.n_response if m.kind == "flymodel" else (m.k if m.kind in ("sdmlp", "topk") else "NA")
+  return f"{m.neurons:,}", str(k)
+
+
 def table_row(row: str, config, results: dict, *, columns=(), compare: bool = True, published: bool = True) -> str:
   """One line of the table. `columns`: the values of the table's extra (swept) columns, after the
   row's name; `compare=False`: the row does not use the paper's settings, so its paper and Δ cells
@@ -78,7 +91,7 @@ def table_row(row: str, config, results: dict, *, columns=(), compare: bool = Tr
   per_seed = results["per_seed"]
   finals = [s["final_accuracy"] for s in per_seed]
   m = config.model
-  k = m.n_response if m.kind == "flymodel" else (m.k if m.kind in ("sdmlp", "topk") else "NA")
+  neurons, k = _units(config, results)
   paper = f"{config.paper_final_accuracy:.2f}" if config.paper_final_accuracy >= 0 else "–"
   get = lambda key: [s.get(key) for s in per_seed]
   epochs = "1 pass" if m.kind == "flymodel" else str(config.epochs_per_task)
@@ -93,7 +106,7 @@ def table_row(row: str, config, results: dict, *, columns=(), compare: bool = Tr
   seeds = ", ".join(str(s["seed"]) for s in per_seed)
   swept = "".join(f" {_cell(v)} |" for v in columns)
   return (
-    f"| {row} |{swept} {settings(config, published)} | {m.neurons:,} | {k} | {seeds} | {paper} | "
+    f"| {row} |{swept} {settings(config, published)} | {neurons} | {k} | {seeds} | {paper} | "
     f"**{measured}** | {gap} | "
     f"{_mean_sem(get('average_accuracy'))} | {_mean_sem(get('forgetting'))} | "
     f"{_mean_sem(get('backward_transfer'))} | {_mean_sem(get('final_accuracy_task_incremental'))} | "

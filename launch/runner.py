@@ -170,7 +170,7 @@ def parse_axis(text: str, config: ml_collections.ConfigDict, *, size: str = "") 
   if field == "variant":
     parsed = tuple(piece if "," in piece or not size else f"{piece},{size}" for piece in pieces)
   else:
-    problem = cli.field_problem(field, config)
+    problem = cli.field_problem(field, config) or cli.unread_field_problem(field, config)
     if problem:
       raise ValueError(f"{where}: {problem}")
     current = config_fields.get(config, field)
@@ -319,7 +319,12 @@ def plan(sweep: ml_collections.ConfigDict, *, separate: bool = False) -> Plan:
 
   combinations = _combinations(sweep)
   runs = {name: config for name, (config, _) in combinations.items()}
-  for name, config in runs.items():  # every run, before anything is written or printed
+  overridden = [field for field, _ in sweep.get("overrides", ())]
+  for name, (config, chosen) in combinations.items():  # every run, before anything is written or printed
+    for field in [*chosen, *overridden]:  # (a variant axis may make some runs networks)
+      problem = cli.unread_field_problem(field, config)
+      if problem:
+        raise ValueError(f"run {name}: {problem}")
     try:
       schema.validate_config(config)
     except ValueError as e:

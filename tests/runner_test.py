@@ -6,7 +6,7 @@ import pytest
 
 from launch import runner as sweep_lib
 from launch.configs import split_mnist as sweeps
-from experiments import cli, driver, schema
+from experiments import cli, driver, schema, tables
 
 
 def test_expand_is_the_product_of_the_axes():
@@ -94,3 +94,35 @@ def test_a_network_row_sweeps_its_arguments_as_runs_and_its_numbers_as_one_popul
   numbers = ["regularizer.strength=100,1000", "optimizer.learning_rate=0.02,0.05"]
   by_numbers = sweep_lib.plan(sweep_lib.from_command_line(argument, loaded, numbers))
   assert by_numbers.population is not None and "one population program" in by_numbers.how
+
+
+def test_a_built_in_model_field_set_or_swept_on_a_network_is_refused_naming_it():
+  """model.k or model.neurons on a network changed a label and not the model (nothing reads them:
+  the network's layers take theirs from model.network_args): a sweep over them, an override, or one
+  through a variant axis is refused in one line before anything runs."""
+  argument = "experiments/configs/split_mnist.py:cnn_sdm,tiny"
+  loaded = cli.load_config_file(argument)
+  unread = r"config\.model\.{}: a built-in model's field, which a network \(model\.kind 'network'\) does not read"
+  for axis in ("model.k=5,10", "model.neurons=200,1000", "model.dropout=0.1,0.2"):
+    field = axis.split("=")[0].removeprefix("model.")
+    with pytest.raises(ValueError, match=rf"^--axis={axis}: " + unread.format(field)):
+      sweep_lib.from_command_line(argument, loaded, [axis])
+  assert cli.override_problem(["--config.model.k=5"], loaded).startswith("config.model.k: a built-in model's field")
+  assert "sweep the network's own argument instead, model.network_args.NAME" in cli.override_problem(
+    ["--config.model.k=5"], loaded
+  )
+  assert cli.override_problem(["--config.model.network_args.k=5"], loaded) is None
+  sdmlp = "experiments/configs/split_mnist.py:sdmlp,tiny"
+  mixed = sweep_lib.from_command_line(sdmlp, cli.load_config_file(sdmlp), ["variant=sdmlp,cnn_sdm", "model.k=5,10"])
+  with pytest.raises(ValueError, match=r"^run variant=cnn_sdm-tiny__k=5: " + unread.format("k")):
+    sweep_lib.plan(mixed)
+
+
+def test_the_summary_shows_a_networks_own_sdm_units_not_the_built_in_neurons_field():
+  config = cli.load_config_file("experiments/configs/split_mnist.py:cnn_sdm,tiny")
+  per_seed = [dict(seed=0, final_accuracy=0.5)]
+  layers = [dict(path="sdm", neurons=200, k=20, k_schedule="gaba")]
+  results = dict(wall_time_s=1.0, per_seed=per_seed, model=dict(kind="network", sdm_layers=layers, neurons=200))
+  assert tables.table_row("cnn", config, results).startswith("| cnn | – | 200 | 20 | 0 |")
+  results["model"].update(sdm_layers=[], neurons=0)  # a network without an SDM layer
+  assert tables.table_row("cnn", config, results).startswith("| cnn | – | – | NA | 0 |")
