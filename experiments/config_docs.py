@@ -50,6 +50,11 @@ FIELDS: dict[str, str] = {
     "> 0: hold out this fraction of each class's training examples (at most 0.5) and evaluate on "
     "them instead of the test set, for choosing hyperparameters."
   ),
+  "train_per_class": (
+    "> 0: train on only the first this many training examples of each class (in the dataset's order, "
+    "after any `validation_fraction` hold-out; the same examples for every seed), the test set whole. "
+    "More than a class has, or a negative number, is refused. 0: every training example."
+  ),
   # ---- how the run is computed
   "train_step": (
     "`auto`: once few units fire per example, SGD runs the sparse step (exact; the log says when), and "

@@ -71,6 +71,7 @@ INT_FIELDS = (
   "checkpoint_every_epochs",
   "keep_checkpoints",
   "pretrained_index",
+  "train_per_class",
   "model.input_size",
   "model.num_classes",
   "model.neurons",
@@ -255,6 +256,8 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
   validation.check_schedule("config.", config.epochs_per_task, config.eval_every, config.batch_size)
   if not 0.0 <= config.get("validation_fraction", 0.0) <= 0.5:
     _fail("validation_fraction", f"must be in [0, 0.5], got {config.validation_fraction}")
+  if config.get("train_per_class", 0) < 0:
+    _fail("train_per_class", f"must be >= 0 (0: every training example), got {config.train_per_class}")
   if config.class_order not in CLASS_ORDERS:
     _fail("class_order", f"must be one of {CLASS_ORDERS}, got {config.class_order!r}")
   validation.check_int("config.num_classes", config.num_classes)
@@ -500,6 +503,15 @@ def build_tasks(config: ml_collections.ConfigDict) -> continual.Tasks:
   dataset = load_data(config)
   if config.get("validation_fraction", 0.0) > 0:  # choose on held-out training data, never the test set
     dataset = data_lib.hold_out_validation(dataset, config.validation_fraction)
+  if config.get("train_per_class", 0) > 0:  # (0, the default: the dataset untouched)
+    source = dataset.get("source", config.data_dir)
+    try:
+      dataset = data_lib.keep_per_class(dataset, config.train_per_class)
+    except ValueError as e:
+      _fail("train_per_class", f"{e} ({config.dataset}, {source})")
+    dataset["source"] = (
+      f"{source}; the first {config.train_per_class} training examples of each class"  # (log, results)
+    )
   features = int(np.prod(dataset["train_images"].shape[1:]))
   shape = tuple(dataset["train_images"].shape[1:])
   if config.model.kind == "network" and shape != INPUT_SHAPES.get(config.dataset, (config.model.input_size,)):

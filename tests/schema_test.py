@@ -163,3 +163,31 @@ def test_a_bad_network_config_is_refused_naming_the_field(case):
       config.model[name] = value
   with pytest.raises(ValueError, match=f"^config.{field}: .*{message}"):
     schema.validate_config(config)
+
+
+def test_train_per_class_trains_on_the_first_examples_of_each_class_and_refuses_bad_values():
+  """`train_per_class` keeps each class's first training examples (the same for every seed), the
+  test split whole; unset (0) the dataset is untouched. A negative value is refused before the data
+  is read, more than a class has once it is, each in one line naming the field."""
+  config = split_mnist.get_config("sdmlp,tiny")
+  assert config.train_per_class == 0
+  full = schema.build_tasks(config)
+  config.train_per_class = 7
+  schema.validate_config(config)
+  tasks = schema.build_tasks(config)
+  assert np.asarray(tasks.train_sizes).tolist() == [14] * 5 and tasks.train_x.shape[:2] == (5, 14)
+  np.testing.assert_array_equal(tasks.test_sizes, full.test_sizes)  # the test split whole
+  assert tasks.source == f"{full.source}; the first 7 training examples of each class"  # (the log and results say so)
+  mnist = schema.load_data(config)
+  x, y = np.asarray(tasks.train_x[0]), np.asarray(tasks.train_y[0])  # task 0: digits 0 and 1
+  for digit in (0, 1):
+    first = mnist["train_images"][mnist["train_labels"] == digit][:7]
+    np.testing.assert_array_equal(x[y == digit], first.reshape(x[y == digit].shape))
+  config.train_per_class = -1
+  with pytest.raises(
+    ValueError, match=r"^config\.train_per_class: must be >= 0 \(0: every training example\), got -1$"
+  ):
+    schema.validate_config(config)
+  config.train_per_class = 6000
+  with pytest.raises(ValueError, match=r"^config\.train_per_class: 6000 is more than class 5 has \(5421 training"):
+    schema.build_tasks(config)

@@ -240,6 +240,9 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0: hold out this fraction of each class's training examples and evaluate on them instead of the
   # test set (for choosing hyperparameters; sdm_jax/data/splits.py:hold_out_validation).
   config.validation_fraction = 0.0
+  # > 0: train on the first this many training examples of each class (after any validation hold-out),
+  # the same for every seed; the test set stays whole. 0: every training example.
+  config.train_per_class = 0
   config.paper_final_accuracy = -1.0
   return config
 

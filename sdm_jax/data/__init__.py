@@ -36,6 +36,7 @@ from sdm_jax.data.splits import (
   REFERENCE_CLASS_ORDERS,
   class_order,
   hold_out_validation,
+  keep_per_class,
   pad_tasks,
   reference_class_order,
   split_by_task,
@@ -44,6 +45,7 @@ from sdm_jax.data.splits import (
 
 __all__ = [
   'hold_out_validation',
+  'keep_per_class',
   'CIFAR10_CLASSES',
   'TFDS_DATASETS',
   'load_cifar10_jpeg',

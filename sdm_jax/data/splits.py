@@ -215,6 +215,32 @@ def pad_tasks(tasks: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
   return x_padded, y_padded, sizes
 
 
+def keep_per_class(dataset: dict, per_class: int) -> dict:
+  """The dataset with the first `per_class` training examples of each class (in stored order), the
+  test split whole: a smaller training set of the same classes, the same rows for every seed and
+  every member of a population (for a faster run, or a learning curve over the training set's size).
+
+  Raises ValueError when `per_class` is not a positive integer, or names the class with fewer
+  training examples than that (a task would silently train on fewer examples of it than asked).
+  """
+  if isinstance(per_class, bool) or not isinstance(per_class, (int, np.integer)) or per_class < 1:
+    raise ValueError(f"must be a positive integer, got {per_class!r}")
+  labels = np.asarray(dataset["train_labels"])
+  classes, counts = np.unique(labels, return_counts=True)
+  if counts.min() < per_class:
+    smallest = int(np.argmin(counts))
+    raise ValueError(
+      f"{per_class} is more than class {classes[smallest]} has ({counts[smallest]} training examples); "
+      f"at most {counts.min()} per class here"
+    )
+  rank = np.zeros(len(labels), np.int64)  # each example's index among its class's examples
+  for c in classes:
+    rows = np.flatnonzero(labels == c)
+    rank[rows] = np.arange(len(rows))
+  keep = rank < per_class
+  return dict(dataset, train_images=dataset["train_images"][keep], train_labels=labels[keep])
+
+
 def hold_out_validation(dataset: dict, fraction: float, seed: int = 0) -> dict:
   """The dataset with `fraction` of each class's training examples held out as its evaluation split.
 

@@ -173,6 +173,7 @@ ADDED_FIELD_DEFAULTS = {
   "population.model": {"k": [], "gaba_switch_activations": []},
   "validation_fraction": 0.0,
   "matmul_precision": "default",
+  "train_per_class": 0,
 }
 
 
