@@ -43,7 +43,10 @@ A run of a user's network (`config.model.kind = "network"`, `sdm_jax.engine.netw
 table and the histogram and entropy figures have a row per SDM layer ("<run> · <layer path>"; an a*
 with positions, a row per position); the readout probe, receptive fields and UMAP read the built-in
 MLP's layers, so report.md's notes name them as skipped and say why; a network without an SDM layer
-has no neuron rows, and a note.
+has no neuron rows, and a note. Its "Layer health" table has a row per SDM layer: the collapse
+diagnostics (`sdm_jax.core.diagnostics.layer_stats` on up to `analysis.HEALTH_EXAMPLES` of the
+analysis examples, `analysis.layer_health`) and the symptom `collapse_warning` names (a dead trunk,
+crowded inputs, few neurons firing, ...), or "healthy".
 
 Dead neurons: one rule (the authors': a neuron is dead on a set of inputs when
 its summed activation over them is < 1e-4), measured on two sets, named apart
@@ -73,6 +76,7 @@ try:  # the `analysis` extra: without it --help works, and main() says what to i
 except ImportError:
   matplotlib = plt = None
 
+from sdm_jax.core import diagnostics
 from sdm_jax.engine import analysis, metrics, networks
 from sdm_jax.runs import config_fields, final_state
 from experiments import cli, schema
@@ -418,17 +422,21 @@ def compute_layer_neurons(run: dict, network: networks.Network, dataset: dict, *
   """The neuron statistics of each SDM layer of a user network's run, per seed (its members), on the
   same analysis examples as a built-in model's: {"network", "seeds", "num_examples", "layers"}, each
   layer {"path", "spec", "inputs" (its kernel's), "positions", "num_examples" (its rows), "seeds",
-  and `_summaries`' fields}. No probe, fields or UMAP: they read the built-in MLP's layers
-  (`_builtin_only_notes`)."""
+  "health" (its `diagnostics.LayerStats` per seed, on "health_examples" of the analysis examples:
+  `analysis.layer_health`) and `_summaries`' fields}. No probe, fields or UMAP: they read the
+  built-in MLP's layers (`_builtin_only_notes`)."""
   seeds, params, counters = final_state.load(run["final_state"])[:3]
   members = run["members"] if run["members"] is not None else list(range(len(seeds)))
   x, y = _analysis_examples(dataset, max_examples, seed)
+  health_x = x[analysis.balanced_subset(y, analysis.HEALTH_EXAMPLES, seed=seed)]
   num_classes = run["config"]["num_classes"]
-  per_layer = [[] for _ in network.sdm_layers]
+  per_layer, health = [[] for _ in network.sdm_layers], [[] for _ in network.sdm_layers]
   for i in members:
     logging.info(f"  seed {int(seeds[i])}: {len(y)} training examples through {network.describe()}")
     one = analysis.seed_params(params, i), analysis.seed_params(counters, i)
     for stats, s in zip(per_layer, analysis.layer_statistics(network, *one, x, y, num_classes=num_classes)):
+      stats.append(s)
+    for stats, s in zip(health, analysis.layer_health(network, *one, health_x)):
       stats.append(s)
   used = [int(seeds[i]) for i in members]
   layers = [
@@ -439,9 +447,11 @@ def compute_layer_neurons(run: dict, network: networks.Network, dataset: dict, *
       positions=stats[0].num_examples // max(len(y), 1),
       num_examples=stats[0].num_examples,
       seeds=used,
+      health=layer_health,
+      health_examples=len(health_x),
       **_summaries(stats),
     )
-    for (path, spec), stats in zip(network.sdm_layers, per_layer)
+    for (path, spec), stats, layer_health in zip(network.sdm_layers, per_layer, health)
   ]
   return dict(network=network, seeds=used, num_examples=len(y), layers=layers)
 
@@ -764,6 +774,39 @@ def _probe_table(runs: list[dict]) -> list[str]:
   return lines
 
 
+HEALTH_NOTE = (
+  "Each SDM layer of a user network on {examples} of the analysis examples (one batch, balanced over the "
+  "classes; a layer with positions, a row per position), the final model in evaluation mode: the statistics "
+  "of `sdm_jax.core.diagnostics.layer_stats` and the first symptom `collapse_warning` names with its default "
+  "thresholds, else \"healthy\" (with several seeds, how many of them show it). fired_fraction: neurons with "
+  "a* > 0 for some row; fired_expected: what winners drawn at random would fire; active_per_example: neurons "
+  "with a* > 0 per row; mean_lambda: the GABA switch's progress, −1 (every neuron excited) to +1 (Top-K), n/a "
+  "without the switch; output_mean, output_max: a* over its active entries; zero_input_fraction: rows whose "
+  "input is all zero after the layer's ReLU (a dead trunk); input_cosine: the mean pairwise cosine of the "
+  "inputs after ReLU and L2 norm (near 1: crowded, the same few neurons win for every class); counts_total: "
+  "the sum of the GABA counters C; nonfinite_fraction: rows with a NaN or inf. What each catches and the "
+  "remedies: docs/guide/sdm_layer.md."
+)
+
+
+def _health_table(runs: list[dict]) -> list[str]:
+  """A row per SDM layer of the user networks among `runs`: its `layer_stats` (mean ± s.e.m. over
+  seeds) and `collapse_warning`'s text over its seeds, or "healthy"."""
+  swept, fields = _swept(runs), diagnostics.LayerStats._fields
+  lines = [
+    "| run | " + "".join(f"{f} | " for f in swept) + "".join(f"{f} | " for f in fields) + "health |",
+    "|---|" + "---|" * (len(swept) + len(fields) + 1),
+  ]
+  for run in _neuron_rows(runs):
+    health = (run.get("neurons") or {}).get("health")
+    if health is None:  # (a built-in model's run, or one not measured)
+      continue
+    cells = [_pm(*map(float, analysis.mean_sem([getattr(s, f) for s in health])), len(health), ".4g") for f in fields]
+    warning = diagnostics.collapse_warning(diagnostics.LayerStats(*map(np.stack, zip(*health))))
+    lines.append(f"| {run['name']} {_value_cells(run, swept)}| {' | '.join(cells)} | {warning or 'healthy'} |")
+  return lines
+
+
 def write_report(
   runs: list[dict],
   figures: list[tuple[str, str]],
@@ -828,6 +871,10 @@ def write_report(
       f"the ReLU's** (paper, CIFAR10: 0.99 vs 2.25).",
       "",
     ]
+  layers = [layer for r in measured for layer in r["neurons"].get("layers", [])]
+  if layers:
+    examples = " or ".join(dict.fromkeys(str(layer["health_examples"]) for layer in layers))
+    lines += ["## Layer health", "", HEALTH_NOTE.format(examples=examples), "", *_health_table(runs), ""]
   if notes:
     lines += ["## Notes", "", *[f"- {n}" for n in notes], ""]
   lines += ["## Figures", ""]

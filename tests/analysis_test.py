@@ -705,3 +705,86 @@ def test_analyze_reports_each_sdm_layer_of_a_user_network_and_names_the_figures_
   assert [t.get_text().startswith("TwoSDMNet") for t in dead_legend] == [True]
   assert _table(report, "| run | model |")[1]["dead in training (last epoch)"] == "n/a"  # (NaN: no unit counted)
   assert "## Features against the readout" not in report and not list((tmp_path / "out").glob("*_receptive_fields.png"))
+
+
+class HealthNet(nnx.Module):
+  """A user's network with a healthy SDM layer and two collapsed ones, on 16 non-negative features:
+  "good" reads them as they are, "crowded" with a large common component (every input points one
+  way), "dead" negated (all zero after its ReLU: a trunk that stopped firing)."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.good = sdm_jax.SDM(16, 24, k=4, switch_activations=200.0, rngs=rngs)
+    self.crowded = sdm_jax.SDM(16, 24, k=4, k_schedule="flat", rngs=rngs)
+    self.dead = sdm_jax.SDM(16, 24, k=4, k_schedule="flat", rngs=rngs)
+    self.out = nnx.Linear(72, 10, use_bias=False, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(jax.numpy.concatenate([self.good(x), self.crowded(x + 10.0), self.dead(-x)], -1))
+
+
+HEALTH_NET_INPUTS = {"good": lambda x: x, "crowded": lambda x: x + 10.0, "dead": lambda x: -x}
+
+
+def _untrained_network_run(tmp_path, network: str, workdir: str):
+  """A run's folder of this module's `network` as analyze reads it, without training: config.json
+  and final_state.npz of 2 seeds' initial weights (a GABA layer's counters at 150 of T=200), on
+  `_embedding_file`'s features. Seconds, where `_network_run` trains for ten."""
+  config = split_mnist.get_config("cnn_sdm,tiny")
+  config.dataset, config.data_dir, config.model.input_size = "embeddings", str(tmp_path / "data.npz"), 16
+  config.model.network, config.model.network_values = f"analysis_test:{network}", "out"
+  config.model.network_args = ml_collections.ConfigDict()
+  config.seeds = (0, 1)
+  _embedding_file(tmp_path / "data.npz")
+  net = schema.model_spec(config)
+  init = jax.jit(net.init)  # (one compilation, not one per operation)
+  states = [init(jax.random.key(seed)) for seed in config.seeds]
+  params, counters = (jax.tree.map(lambda *a: np.stack(a), *part) for part in zip(*states))
+  for path, spec in net.gaba_layers:
+    counters[path]["counts"] = np.full_like(counters[path]["counts"], 150.0)
+  (tmp_path / workdir).mkdir()
+  (tmp_path / workdir / "config.json").write_text(json.dumps(config.to_dict()))
+  state = types.SimpleNamespace(params=params, gaba_counts=counters)
+  final_state.save(tmp_path / workdir / "final_state.npz", state, np.asarray(config.seeds))
+  return tmp_path / workdir, net
+
+
+def test_analyze_reports_the_health_of_each_sdm_layer_of_a_user_network(tmp_path, saved_figures):
+  """`analyze` on a network's run said nothing of a crowded or dead SDM layer (issue 69 item 10).
+  Now report.md's "Layer health" table has a row per SDM layer: `diagnostics.layer_stats` of its
+  input and a* on the analysis examples (mean ± s.e.m. over the 2 seeds, each here computed anew
+  from the layer's known input and `layer_activations`), and `collapse_warning`'s text or "healthy"."""
+  pytest.importorskip("matplotlib")
+  from experiments import analyze
+  from sdm_jax.core import diagnostics
+
+  run, network = _untrained_network_run(tmp_path, "HealthNet", "run")
+  report = analyze.analyze([str(run)], tmp_path / "out", max_examples=300, do_umap=False).read_text()
+
+  section = report.split("## Layer health\n")[1].split("\n## ")[0]
+  assert "on 300 of the analysis examples" in section
+  rows = {r["run"]: r for r in _table(section, "| run |")}
+  assert list(rows) == ["run · crowded", "run · dead", "run · good"]  # (`Network.sdm_layers` order)
+  dataset = datasets.load_embeddings(tmp_path / "data.npz")
+  x = np.asarray(dataset["train_images"], np.float32)[analysis.balanced_subset(dataset["train_labels"], 300, seed=0)]
+  params, counters = final_state.load(run / "final_state.npz")[1:3]
+
+  @jax.jit
+  def layer_stats(params, counters):  # each layer's input as HealthNet makes it, its a* as the engine reads it
+    stats = {}
+    for (path, spec), a_star in zip(network.sdm_layers, network.layer_activations(params, counters, x)):
+      gaba = (counters[path]["counts"], spec.switch_activations) if spec.k_schedule == "gaba" else ()
+      stats[path] = diagnostics.layer_stats(HEALTH_NET_INPUTS[path](x), a_star, *gaba)
+    return stats
+
+  per_seed = [layer_stats(*[jax.tree.map(lambda a: a[i], tree) for tree in (params, counters)]) for i in range(2)]
+  for path in per_seed[0]:
+    stats = [seed[path] for seed in per_seed]
+    for field in diagnostics.LayerStats._fields:
+      values = [float(getattr(s, field)) for s in stats]
+      expected = f"{np.mean(values):.4g} ± {np.std(values, ddof=1) / np.sqrt(2):.4g}"
+      assert rows[f"run · {path}"][field] == (expected if not np.isnan(values[0]) else "n/a"), (path, field)
+  assert rows["run · good"]["health"] == "healthy"
+  assert rows["run · good"]["mean_lambda"] == "0.5 ± 0"  # λ = -1 + 2 C / T with C = 150, T = 200
+  assert rows["run · dead"]["zero_input_fraction"] == "1 ± 0"
+  assert rows["run · dead"]["health"].startswith("2 of 2: every input to the SDM layer is zero after its ReLU")
+  assert rows["run · crowded"]["health"].startswith("2 of 2: the inputs to the SDM layer crowd into one direction")

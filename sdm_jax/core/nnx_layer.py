@@ -156,11 +156,15 @@ class SDM(nnx.Module):
     # Set by a trainer that counts firings itself (`sdm_jax.engine.networks`): each call then sows
     # a* as an `nnx.Intermediate` named "a_star" (`nnx.capture` collects it).
     self.record_activations = False
+    # Off unless an analysis sets it (`networks.Network.layer_inputs`): each call then also sows its
+    # input x as an `nnx.Intermediate` named "x", which `diagnostics.layer_stats` reads beside a*.
+    self.record_inputs = False
 
   def __call__(self, x: jax.Array, *, epoch=None) -> jax.Array:
     """a* [..., neurons] of x [..., in_features] (the last axis, as `nnx.Linear`); `epoch` (global,
     may be traced) only for "linear" (default: the layer's `epoch` attribute)."""
     bias = self.bias[...] if self.spec.use_bias else None
+    inputs = x
     x, kernel, bias = nnx.nn.dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
     params = {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
     a_star, counts = sdm_layer.apply(
@@ -175,6 +179,8 @@ class SDM(nnx.Module):
       self.counts[...] = counts
     if self.record_activations:
       self.sow(nnx.Intermediate, "a_star", a_star)
+    if self.record_inputs:
+      self.sow(nnx.Intermediate, "x", inputs)
     return a_star
 
   def gaba_lambda(self) -> jax.Array:

@@ -45,7 +45,8 @@ and #dead-neurons):
   alive: count >= 1;
 * a user's network (`networks.Network`): the same statistics for each of
   its SDM layers (`layer_statistics`), an a* with positions read as one row
-  per position, labelled with its example's class;
+  per position, labelled with its example's class, and its health
+  (`layer_health`: `sdm_jax.core.diagnostics.layer_stats` on one batch);
 * readout probe (ours, not the authors'): the model's own head against a
   multinomial logistic regression on its final hidden activations, fit on
   every class at once, on the same test set;
@@ -509,6 +510,59 @@ def layer_statistics(
     )
     for i, (_, spec) in enumerate(network.sdm_layers)
   )
+
+
+#: The most analysis examples `layer_health` reads: one batch (its statistics are a batch's, as in
+#: training), balanced over classes (`balanced_subset`).
+HEALTH_EXAMPLES = 2048
+
+
+@functools.lru_cache(maxsize=8)
+def _health_fn(network):
+  import jax
+
+  from sdm_jax.core import diagnostics
+  from sdm_jax.engine import train
+
+  def fn(params, counters, x):
+    pairs = network.layer_inputs(params, counters, train.to_float_input(x))
+    return tuple(
+      diagnostics.layer_stats(
+        h.reshape(-1, h.shape[-1]),
+        a_star.reshape(-1, a_star.shape[-1]),
+        *_gaba_counters(counters, path, spec),
+        positive=spec.positive,
+      )
+      for (h, a_star), (path, spec) in zip(pairs, network.sdm_layers)
+    )
+
+  return jax.jit(fn)
+
+
+def _gaba_counters(counters: Mapping, path: str, spec) -> tuple:
+  """(C, T) of a GABA layer for `diagnostics.layer_stats`' mean λ and counts total; (None, None) for
+  another schedule, whose counters never move (those statistics are then NaN, not a made-up λ)."""
+  if spec.k_schedule != "gaba":
+    return None, None
+  for part in path.split("/"):
+    counters = counters[part]
+  return counters["counts"], spec.switch_activations
+
+
+def layer_health(network, params: Mapping, counters: Mapping, x) -> tuple:
+  """`diagnostics.layer_stats` of every SDM layer of a user network (`networks.Network`; one seed's
+  params and counters) on x (uint8 or float [N, ...]) as one batch, in `sdm_layers` order, each a
+  `diagnostics.LayerStats` of NumPy scalars for `diagnostics.collapse_warning`.
+
+  Evaluation mode with the final counters, as `layer_statistics`; the layer's input and a* with
+  positions (e.g. [B, length, ...]) are read as one row per position, as there.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  params, counters = jax.tree.map(jnp.asarray, (params, counters))
+  x = jnp.asarray(np.asarray(x).reshape(len(x), -1))
+  return tuple(jax.tree.map(np.asarray, stats) for stats in _health_fn(network)(params, counters, x))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -164,9 +164,10 @@ class Network:
     _, _, variables = nnx.split(module, nnx.Param, ...)
     return logits, Hidden(activations, _storable(variables))
 
-  def _run(self, params, counters, x, *, train: bool, record: bool, epoch=None):
+  def _run(self, params, counters, x, *, train: bool, record: bool, epoch=None, inputs: bool = False):
     """(logits, each SDM layer's a* when `record` else (), the module after the pass) of x, in the
-    module's training or evaluation mode, its SDM layers' counters frozen."""
+    module's training or evaluation mode, its SDM layers' counters frozen. With `inputs` (and
+    `record`) each layer's entry is the pair (its input, its a*)."""
     x = x.reshape((x.shape[0], *self.input_shape))  # (the engine keeps a task's examples flattened)
     module = self.module(params, counters)
     module.train() if train else module.eval()
@@ -174,12 +175,13 @@ class Network:
     for sdm in layers:
       sdm.deterministic = True  # the engine counts firings itself: the valid rows only (`advance`)
       sdm.record_activations = record
+      sdm.record_inputs = inputs
       sdm.epoch = epoch if sdm.spec.k_schedule == "linear" else None
     output, recorded = nnx.capture(module, nnx.Intermediate)(x) if record else (module(x), None)
     logits = _logits(output)
     for sdm in layers:
       sdm.epoch = None  # (a traced value; the module is split after the pass)
-    activations = tuple(_at(recorded, path)["a_star"][0] for path, _ in self.sdm_layers) if record else ()
+    activations = tuple(_recorded(_at(recorded, path), inputs) for path, _ in self.sdm_layers) if record else ()
     return logits, activations, module
 
   def layer_activations(self, params: dict, counters: dict, x: jax.Array, epoch=None) -> tuple[jax.Array, ...]:
@@ -188,6 +190,14 @@ class Network:
     end of the schedule (k = the layer's k)."""
     epoch = jnp.asarray(1 << 30, jnp.int32) if epoch is None else epoch
     return self._run(params, counters, x, train=False, record=True, epoch=epoch)[1]
+
+  def layer_inputs(
+    self, params: dict, counters: dict, x: jax.Array, epoch=None
+  ) -> tuple[tuple[jax.Array, jax.Array], ...]:
+    """Each SDM layer's (input [batch, ..., in_features], a* [batch, ..., neurons]) of x, as
+    `layer_activations` runs it: the pair `diagnostics.layer_stats` reads for the layer's health."""
+    epoch = jnp.asarray(1 << 30, jnp.int32) if epoch is None else epoch
+    return self._run(params, counters, x, train=False, record=True, epoch=epoch, inputs=True)[1]
 
   def unit_stats(self, hidden: Hidden, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(activity, fired), each float32 [neurons] over the SDM layers in order: the units' summed a*
@@ -245,6 +255,11 @@ def _at(tree, path: str):
   for part in path.split("/"):
     tree = tree[part] if part in tree else tree[int(part)]
   return tree
+
+
+def _recorded(layer, inputs: bool):
+  """A layer's captured a*, or (its input, a*) with `inputs`: the first call's (`SDM.record_activations`)."""
+  return (layer["x"][0], layer["a_star"][0]) if inputs else layer["a_star"][0]
 
 
 def _replaced(tree: dict, path: str, value) -> dict:
