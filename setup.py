@@ -36,7 +36,7 @@ setuptools.setup(
     # umap-learn: analysis.py's UMAP of weights and data.
     "test": [
       "pytest>=7",
-      "pytest-xdist>=3",
+      "pytest-xdist>=3.2",  # --dist worksteal (pytest.ini)
       "matplotlib>=3.8.4",
       "tensorflow-datasets>=4.9.8",
       "importlib_resources",

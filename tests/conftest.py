@@ -4,6 +4,7 @@ for the test process; the runs' INFO log lines (absl, as `app.run` shows them) r
 `assert_platform_equal`)."""
 
 import atexit
+import collections
 import os
 import shutil
 import tempfile
@@ -17,18 +18,26 @@ from sdm_jax.core import placement
 
 jax.config.update("jax_default_matmul_precision", "float32")
 
-# Many tests build the same program more than once (the dense reference of a sparse-step test under
-# each kernel, one model block per seed loop); each new `jax.jit` closure would compile it again. A
-# persistent cache keyed on the program loads it instead: the same executable, so the same bits. One
-# directory per test process (pytest-xdist worker), set before anything compiles and removed at exit:
-# JAX writes entries without a lock, so processes never share one. Subprocesses started by a test
-# run with the runs' own cache off (sdm_jax/runs/compilation_cache.py; tests/compilation_cache_test.py
-# turns it on where it is the subject), so they compile as on a fresh machine. Tests that count
-# compilations still see every "Compiling" line (it is logged before the cache is consulted).
-os.environ["SDM_JAX_COMPILATION_CACHE"] = "off"
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="sdm_jax_tests_jax_cache_")
-atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+# Many tests build a program that another test, the other pytest-xdist worker or a run started as a
+# subprocess has compiled already (the tiny configs' blocks, the dense reference of each sparse-step
+# test, the command-line runs of the resume tests). One persistent cache for the whole pytest run
+# loads it instead of compiling it again: the same executable, so the same bits. The process that
+# starts the run (xdist's controller, or a plain pytest) creates the folder, names it in the
+# environment, which the workers and every subprocess inherit, and removes it at exit. JAX writes an
+# entry without a lock: a process that reads one while another writes it warns and compiles the
+# program itself (docs/guide/runs.md), so sharing costs at worst a compile. (A size limit would make
+# JAX lock, but also list the whole folder at every write: minutes over a test run.) Tests whose
+# subject is the cache (compilation_cache_test.py) give their runs a cache of their own. Tests that
+# count compilations still see every "Compiling" line (it is logged before the cache is consulted).
+_SHARED_CACHE = "SDM_JAX_TESTS_JAX_CACHE"
+if _SHARED_CACHE not in os.environ:
+  os.environ[_SHARED_CACHE] = tempfile.mkdtemp(prefix="sdm_jax_tests_jax_cache_")
+  atexit.register(shutil.rmtree, os.environ[_SHARED_CACHE], ignore_errors=True)
+os.environ.update(
+  JAX_COMPILATION_CACHE_DIR=os.environ[_SHARED_CACHE],
+  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+)
+jax.config.update("jax_compilation_cache_dir", os.environ[_SHARED_CACHE])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 logging.set_verbosity(logging.INFO)
@@ -135,3 +144,16 @@ def assert_platform_equal():
     assert largest <= ulps * scale, f"{err_msg}: {largest:.3g} = {largest / scale:.1f} ulps > {ulps} ulps"
 
   return check
+
+
+def pytest_collection_modifyitems(config, items):
+  """Runs the longest tests first, each test file's tests together: the README's main job, then
+  the files by how many slow tests they hold. With `--dist worksteal` (pytest.ini) a worker that
+  runs out steals the other's last tests, so the run ends on short tests instead of one worker
+  finishing a long one alone; keeping a file's tests together keeps its module fixtures shared."""
+  slow_in_file = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+
+  def rank(item):
+    return (item.path.name != "readme_test.py", -slow_in_file[item.path])
+
+  items.sort(key=rank)  # stable: a file keeps its own order
