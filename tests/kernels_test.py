@@ -339,10 +339,18 @@ def test_a_failed_compile_is_reported(monkeypatch, tmp_path):
 
 
 @needs_kernel
-@pytest.mark.slow
 def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_path):
   """The cache dir cannot be created (its parent is a file): the library is built under the
-  temp dir instead, atomically (no temporary file is left), and found there the next time."""
+  temp dir instead, atomically (no temporary file is left), and found there the next time (the
+  compiler is not run again). The compiler is a stand-in that writes, where `build` tells it to,
+  the library this process built already (test_kernel_builds_when_a_compiler_is_present compiles
+  it): where the library goes is the claim, not compiling it a second time."""
+  built = kernels.build()  # the cached library (compiled once per machine)
+  calls = tmp_path / "calls"
+  compiler = tmp_path / "stand-in-g++"
+  compiler.write_text(f'#!/bin/sh\necho >> "{calls}"\neval "out=\\${{$#}}"\nexec cp "{built}" "$out"\n')
+  compiler.chmod(0o755)
+  monkeypatch.setenv("CXX", str(compiler))
   blocker = tmp_path / "a-file"
   blocker.write_text("")
   monkeypatch.setenv("SDM_JAX_CACHE_DIR", str(blocker / "cache"))
@@ -350,8 +358,10 @@ def test_an_unwritable_cache_dir_falls_back_to_the_temp_dir(monkeypatch, tmp_pat
   (tmp_path / "tmp").mkdir()
   path = kernels.build()
   assert path.is_file() and path.is_relative_to(tmp_path / "tmp")
+  assert path.read_bytes() == built.read_bytes()  # the compiler's output, moved into place
   assert [p.name for p in path.parent.iterdir()] == [path.name]
   assert kernels.build() == path
+  assert len(calls.read_text().splitlines()) == 1  # built once: the second time found
 
 
 def _dense_problem(seed, n=784, r=203):
