@@ -49,13 +49,28 @@ def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
 
 
 @pytest.mark.slow
-def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
+def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path, monkeypatch):
   """`fit` and `driver.train_and_evaluate` drive the same loop, with the same step policy (the sparse
-  step after the switch, the fused dense step during it): equal accuracy matrices and curves."""
+  step after the switch, the fused dense step during it): equal accuracy matrices and curves. On
+  the first 300 training digits of each class (`train_per_class`, the arrays `fit` is given), with
+  T one epoch of task 1, so that both runs switch in task 1 and take sparse blocks after it."""
+  from sdm_jax.engine.cpu import step_policy
+
+  ran_sparse = []
+  run_block = step_policy.StepPolicy.run_block
+
+  def spy(self, *args, **kwargs):
+    out = run_block(self, *args, **kwargs)
+    ran_sparse.append(out[2])
+    return out
+
+  monkeypatch.setattr(step_policy.StepPolicy, "run_block", spy)
   config = split_mnist.get_config("sdmlp,tiny")
   config.model.neurons, config.epochs_per_task, config.eval_every, config.seeds = 40, 2, 1, (0, 1)
+  config.train_per_class, config.model.gaba_switch_activations = 300, 600.0
   configured = driver.train_and_evaluate(config, tmp_path / "run")
-  mnist = data.load_dataset("mnist")
+  sparse_configured, ran_sparse[:] = list(ran_sparse), []
+  mnist = data.keep_per_class(data.load_dataset("mnist"), 300)
   spec = schema.model_spec(config)
   fitted = fit.fit(
     mnist["train_images"],
@@ -70,6 +85,7 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path):
     workdir=tmp_path / "fit",
   )
   assert fitted.results["training_step"].startswith("sparse after the switch")
+  assert ran_sparse == sparse_configured and any(ran_sparse) and not all(ran_sparse)
   for a, b in zip(configured["per_seed"], fitted.per_seed):
     np.testing.assert_array_equal(a["acc_matrix"], b["acc_matrix"])
   assert (tmp_path / "fit" / "metrics.csv").read_text() == (tmp_path / "run" / "metrics.csv").read_text()
