@@ -10,6 +10,10 @@ from sdm_jax.core import topk
 METHODS = ("bisect", "chunked", "peel", "top_k", "sort")
 
 
+# The claims run under jax.jit, as the layer runs them in training: one compiled program per claim, where
+# eager mode compiles and dispatches each primitive of the threshold search on its own (seconds each).
+
+
 def _random_activations(seed, shape, ties):
   rng = np.random.default_rng(seed)
   a = rng.random(shape).astype(np.float32)
@@ -34,39 +38,44 @@ def test_kth_largest_matches_sort_with_traced_k(method, ties):
   assert fn._cache_size() == 1  # k is traced: one compile for every k
 
 
+# One program for the two bisection tests below (the unrolled search takes seconds to compile): same shape.
+_bisect = jax.jit(lambda a, k: topk.kth_largest(a, k, method="bisect"))
+
+
 def test_bisect_handles_any_k_up_to_r_and_beyond():
   a = _random_activations(1, (8, 50), ties=True)
-  fn = jax.jit(lambda a, k: topk.kth_largest(a, k, method="bisect"))
   for k in range(1, 51):
-    np.testing.assert_array_equal(np.asarray(fn(a, k)), _sorted_kth(a, k))
+    np.testing.assert_array_equal(np.asarray(_bisect(a, k)), _sorted_kth(a, k))
   # k > r (start of k annealing with k_max = r, threshold of rank k+1): nothing subtracted.
-  np.testing.assert_array_equal(np.asarray(fn(a, 51)), np.zeros(8, np.float32))
+  np.testing.assert_array_equal(np.asarray(_bisect(a, 51)), np.zeros(8, np.float32))
 
 
-@pytest.mark.slow
 def test_negative_zero_counts_as_zero():
-  a = jnp.array([[-0.0, 0.5, 0.25, -0.0]], jnp.float32)
-  assert float(topk.kth_largest(a, 3, method="bisect")[0]) == 0.0
-  assert float(topk.kth_largest(a, 2, method="bisect")[0]) == 0.25
+  """-0.0 has the sign bit set: read as an integer bit pattern it would rank above every positive value."""
+  row = [-0.0, 0.5, 0.25, -0.0] + [-0.0] * 46  # the shape of the test above: its compiled program
+  a = jnp.array([row] * 8, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(_bisect(a, 3)), 0.0)
+  np.testing.assert_array_equal(np.asarray(_bisect(a, 2)), 0.25)
 
 
 def test_auto_is_exact_and_vmaps():
   a = _random_activations(2, (4, 8, 300), ties=False)
-  out = jax.vmap(lambda x: topk.kth_largest(x, 11, k_bound=11))(a)
+  out = jax.jit(jax.vmap(lambda x: topk.kth_largest(x, 11, k_bound=11)))(a)
   np.testing.assert_array_equal(np.asarray(out), _sorted_kth(a, 11))
 
 
 def test_threshold_has_no_gradient():
   a = jnp.asarray(_random_activations(3, (2, 20), ties=False))
-  g = jax.grad(lambda a: topk.kth_largest(a, 3).sum())(a)
+  g = jax.jit(jax.grad(lambda a: topk.kth_largest(a, 3).sum()))(a)
   np.testing.assert_array_equal(np.asarray(g), 0.0)
 
 
 @pytest.mark.slow
 def test_subtract_leaves_exactly_k_active():
   a = jnp.asarray(_random_activations(4, (32, 1000), ties=False))
+  subtract = jax.jit(lambda a, k: topk.topk_subtract(a, topk.kth_largest(a, k + 1, k_bound=k + 1)), static_argnums=1)
   for k in (1, 10, 100):
-    out = topk.topk_subtract(a, topk.kth_largest(a, k + 1, k_bound=k + 1))
+    out = subtract(a, k)
     np.testing.assert_array_equal(np.asarray((out > 0).sum(-1)), k)
     # Survivors are the top-k, shifted down by the (k+1)-th value (Eq. 4).
     top = np.sort(np.asarray(a), -1)[:, ::-1]
@@ -75,7 +84,7 @@ def test_subtract_leaves_exactly_k_active():
 
 def test_mask_keeps_raw_topk_values():
   a = jnp.asarray(_random_activations(5, (8, 200), ties=False))
-  out = np.asarray(topk.topk_mask(a, topk.kth_largest(a, 10, k_bound=10)))
+  out = np.asarray(jax.jit(lambda a: topk.topk_mask(a, topk.kth_largest(a, 10, k_bound=10)))(a))
   np.testing.assert_array_equal((out > 0).sum(-1), 10)
   top = np.sort(np.asarray(a), -1)[:, ::-1][:, :10]
   np.testing.assert_array_equal(np.sort(out, -1)[:, ::-1][:, :10], top)
@@ -90,7 +99,8 @@ def test_gaba_lambda_schedule_hand_values():
 @pytest.mark.slow
 def test_gaba_excites_everyone_before_and_is_topk_after_the_switch():
   a = jnp.asarray(_random_activations(6, (16, 500), ties=False))
-  thr = topk.kth_largest(a, 11, k_bound=11)
+  thr = jax.jit(lambda a: topk.kth_largest(a, 11, k_bound=11))(a)  # a selection: the same bits as eager
+  # λ eagerly: under jit XLA:CPU may compute 2 C / T as 2 C * (1 / T), and λ at C = T lands just below 1.
   before = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.zeros(500), 100.0))
   np.testing.assert_allclose(np.asarray(before), np.asarray(a + thr[:, None]), rtol=1e-6)  # lambda = -1
   after = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.full(500, 100.0), 100.0))
