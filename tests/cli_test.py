@@ -145,7 +145,10 @@ def test_a_second_run_on_a_live_runs_workdir_is_refused_and_the_first_finishes_a
   """Issue 29: two runs on one --workdir both crashed at the same checkpoint save in one trial of
   three. Now the second is refused at once, naming the workdir and the first's process id, ten
   times out of ten, and the first ends bitwise as a run alone does. (The first is paused with
-  SIGSTOP during the trials, so that it is alive for all ten on a fast machine too.)"""
+  SIGSTOP during the trials, so that it is alive for all ten on a fast machine too.)
+
+  And issue 39, on the run alone's log: the workdir was named only on the last line, and analyze
+  never suggested; now the first line names the workdir and the last one the analyze command."""
   flags = [*TINY, "--config.epochs_per_task=1"]
   shared, alone = tmp_path / "shared", tmp_path / "alone"
   runs = [
@@ -170,9 +173,14 @@ def test_a_second_run_on_a_live_runs_workdir_is_refused_and_the_first_finishes_a
       assert time.perf_counter() - start < 5 and second.returncode == 1 and second.stderr == expected, second.stderr
   finally:
     first.send_signal(signal.SIGCONT)
+  errs = []
   for run in runs:
     _, err = run.communicate(timeout=600)
     assert run.returncode == 0, err[-3000:]
+    errs.append(err)
+  lines = [line.split("] ", 1)[1] for line in errs[1].splitlines() if line.startswith("I") and "] " in line]
+  assert lines[0].startswith(f"workdir {alone}: config.json, results.json, metrics.csv")
+  assert lines[-1].startswith(f"figures and a report of this run: python -m experiments.analyze --workdir={alone}")
   a, b = _final_state(shared), _final_state(alone)
   assert a.keys() == b.keys()
   for name in a:
@@ -215,17 +223,3 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
   with pytest.raises(cli.MissingExtra) as error:
     cli.require("torch", "the PyTorch row")
   assert str(error.value) == message
-
-
-@pytest.mark.slow
-def test_the_main_job_names_its_workdir_first_and_the_analyze_command_last(tmp_path):
-  """Issue 39: the workdir was named only on the last line, and analyze never suggested."""
-  workdir = tmp_path / "run"
-  flags = ["--config=experiments/configs/split_mnist.py:flymodel,tiny", "--config.model.neurons=200"]
-  done = subprocess.run(
-    _command(*flags, f"--workdir={workdir}"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
-  lines = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if line.startswith("I") and "] " in line]
-  assert lines[0].startswith(f"workdir {workdir}: config.json, results.json, metrics.csv")
-  assert lines[-1].startswith(f"figures and a report of this run: python -m experiments.analyze --workdir={workdir}")
