@@ -352,7 +352,9 @@ class _Stack(nnx.Module):
     self.sdm = create(rngs)
 
 
-@pytest.mark.parametrize("layers", [1, 2, 4])
+# 1: a stack of one (the unstacked case's shape plus an axis); 2: the fewest layers where normalising
+# across layers (the bug) differs from each layer on its own. (4 ran the same code on a longer axis.)
+@pytest.mark.parametrize("layers", [1, 2])
 def test_stacked_layers_project_count_and_run_as_the_same_layers_unstacked(layers):
   """Issue 60: with layers stacked on a leading axis, each layer's addresses are normalised on
   their own (8f78808 normalised across layers: each address ended at norm 1/sqrt(layers)), and the
