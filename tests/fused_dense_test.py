@@ -77,11 +77,26 @@ def _init(spec, sgd, regularizer=None, counts=0.0):
 # SDMLP k = 10 (GABA), T small enough that 10 steps of 29 examples take λ from -1 (every unit fires)
 # to about +0.9; the same after the switch; k = 1. The clip acts during the switch (||g|| ≈ 1.7 at
 # first) and with k = 1 (0.002 < ||g|| ≈ 0.004), not after the switch (||g|| ≈ 0.015 < 1), and one
-# run has none.
+# run has none. Each on this machine's platform; the first also under conftest's accelerator
+# stand-in: the platform decides one thing here, which update the step takes (the kernel on the CPU
+# device, whatever the default backend), so the stand-in traces the others' programs as natively.
+_CONFIGS = {
+  "k10_during_switch": (10, 0.0, 1.0, 0.5),
+  "k10_after_switch": (10, 300.0, 1.0, 0.5),
+  "k10_no_clip": (10, 300.0, None, 0.2),
+  "k1": (1, 300.0, 0.002, 5.0),
+}
+
+
 @pytest.mark.parametrize(
-  "k,counts,clip_norm,lr",
-  [(10, 0.0, 1.0, 0.5), (10, 300.0, 1.0, 0.5), (10, 300.0, None, 0.2), (1, 300.0, 0.002, 5.0)],
-  ids=["k10_during_switch", "k10_after_switch", "k10_no_clip", "k1"],
+  "platform,k,counts,clip_norm,lr",
+  [
+    pytest.param(platform, *config, id=f"{platform}-{name}")
+    for name, config in _CONFIGS.items()
+    for platform in ("native", "gpu-stand-in")
+    if platform == "native" or name == "k10_during_switch"
+  ],
+  indirect=["platform"],
 )
 def test_fused_step_equals_the_optax_step(k, counts, clip_norm, lr, platform):
   """On the CPU device the kernel runs, whatever the default backend (conftest's `platform`: this
