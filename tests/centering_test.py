@@ -126,11 +126,14 @@ def test_centering_spreads_a_common_component_and_recruits_more_neurons():
   sdm = sdm_jax.SDM(200, 300, k=5, switch_activations=1.0, rngs=nnx.Rngs(0))
   sdm.counts[...] = jnp.full((300,), 10.0)  # after the switch: λ = 1, plain Top-K with subtraction
   sdm.eval()
-  raw_cos = float(diagnostics.input_cosine(x))
+  # Under jit (one program each, as in a training step; eager mode compiles every primitive on its own).
+  input_cosine = jax.jit(diagnostics.input_cosine)
+  stats = nnx.jit(lambda sdm, x: diagnostics.layer_stats(x, sdm(x)))
+  raw_cos = float(input_cosine(x))
   centred = x - x[:256].mean(0)  # a mean from the first half only: no future data
-  centred_cos = float(diagnostics.input_cosine(centred[256:]))
-  raw = diagnostics.layer_stats(x[256:], sdm(x[256:]))
-  cent = diagnostics.layer_stats(centred[256:], sdm(centred[256:]))
+  centred_cos = float(input_cosine(centred[256:]))
+  raw = stats(sdm, x[256:])
+  cent = stats(sdm, centred[256:])
   assert raw_cos > 0.99 and centred_cos < 0.3
   assert float(cent.fired_fraction) > 3 * float(raw.fired_fraction)
   assert float(cent.output_mean) > 2 * float(raw.output_mean)  # larger gaps a_i - I after the switch
@@ -145,13 +148,15 @@ def test_a_non_finite_example_is_left_out_of_the_running_mean():
   bad[2, 1], bad[5, 4] = np.nan, np.inf
   center = centering.Center(5)
   sdm = sdm_jax.SDM(5, 40, k=3, switch_activations=1e9, rngs=nnx.Rngs(0))
-  out = np.asarray(sdm(center(bad)))
+  # Under nnx.jit, as in a training step: one program, where eager mode compiles each primitive on its own.
+  forward = nnx.jit(lambda center, sdm, x: sdm(center(x)))
+  out = np.asarray(forward(center, sdm, bad))
   assert not np.isfinite(out[[2, 5]]).all()  # the bad rows' own output is non-finite (the loss shows it)
   assert np.isfinite(np.delete(out, [2, 5], axis=0)).all()
   counts = []
   for b in batches[1:]:
     counts.append(np.asarray(sdm.counts[...]).sum())
-    assert np.isfinite(np.asarray(sdm(center(b)))).all()
+    assert np.isfinite(np.asarray(forward(center, sdm, b))).all()
   counts.append(np.asarray(sdm.counts[...]).sum())
   assert counts[0] > 0 and np.all(np.diff(counts) > 0)  # the GABA counters keep moving
   clean_means = [np.delete(bad, [2, 5], axis=0).mean(0)] + [b.mean(0) for b in batches[1:]]
@@ -161,7 +166,7 @@ def test_a_non_finite_example_is_left_out_of_the_running_mean():
   np.testing.assert_allclose(center.mean[...], np.mean(clean_means, axis=0), rtol=1e-6)
   assert float(center.steps[...]) == 4
   center.eval()
-  assert np.isfinite(np.asarray(sdm(center(batches[0])))).all()
+  assert np.isfinite(np.asarray(forward(center, sdm, batches[0]))).all()
 
 
 def test_rows_near_the_float32_limit_keep_the_mean_finite():
