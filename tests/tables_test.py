@@ -22,10 +22,36 @@ def _configs():
 
 
 @pytest.mark.slow
-def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch, saved_figures):
+def test_run_rows_runs_each_row_once_tabulates_rows_another_process_finished_and_reruns_a_changed_one(
+  tmp_path, monkeypatch, saved_figures
+):
+  """One workdir through a table's life, each row trained once: "another process" finishes the FlyModel
+  row; this process runs only the SDMLP row, yet its table (cells, figure) holds both; a second call
+  reruns nothing; run=False rewrites the table from the finished rows; a changed config is not finished."""
   configs = _configs()
-  results = tables.run_rows(configs, tmp_path, title="T", command="cmd", filename="t.md")
+  # "Another process" finishes the FlyModel row in the shared workdir.
+  tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a")
+  ran = []
+  real = driver.train_and_evaluate
+  monkeypatch.setattr(
+    driver, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name) or real(config, workdir)
+  )
+  # This process runs only the SDMLP row, yet its table holds both, in also_show's order.
+  results = tables.run_rows(
+    {"sdmlp": configs["sdmlp"]},
+    tmp_path,
+    title="T",
+    command="b",
+    filename="t.md",
+    also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"], "relu": split_mnist.get_config("relu,tiny")},
+  )
+  assert ran == ["sdmlp"] and list(results) == ["sdmlp", "flymodel"]
   text = (tmp_path / "t.md").read_text()
+  rows = [l.split("|")[1].strip() for l in text.splitlines() if l.startswith("| ") and "neurons" not in l]
+  assert rows == ["flymodel", "sdmlp"]  # relu never finished: not shown
+  assert "another process" in text and "flymodel" in text.split("Command:")[1].splitlines()[0]
+
+  # The table's cells: the paper's value beside ours, the row's settings, seeds and epochs.
   lines = [l for l in text.splitlines() if l.startswith("| flymodel") or l.startswith("| sdmlp")]
   assert len(lines) == 2
   fly_cells = [c.strip() for c in lines[0].split("|")]
@@ -56,10 +82,19 @@ def test_run_rows_writes_table_and_skips_finished_rows(tmp_path, monkeypatch, sa
   again = tables.run_rows(configs, tmp_path, title="T", command="cmd", filename="t.md")
   assert again["sdmlp"]["summary"] == results["sdmlp"]["summary"]
 
+  # run=False runs nothing and rewrites the table from the finished rows.
+  (tmp_path / "t.md").unlink()
+  shown = tables.run_rows(configs, tmp_path, title="T", command="c", filename="t.md", run=False)
+  assert sorted(shown) == ["flymodel", "sdmlp"] and (tmp_path / "t.md").exists()
+
   # A changed config is not "finished": that row runs again.
   configs["sdmlp"].optimizer.learning_rate = 0.1
   with pytest.raises(AssertionError, match="rerun"):
     tables.run_rows(configs, tmp_path, title="T", command="cmd")
+  # A row whose config changed is not finished: nothing to show is an error, not an empty table.
+  configs["flymodel"].optimizer.learning_rate = 1.0
+  with pytest.raises(ValueError, match="no row"):
+    tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", run=False)
 
 
 def test_run_rows_refuses_a_bad_row_before_running_any(tmp_path, monkeypatch):
@@ -90,49 +125,6 @@ def test_finished_ignores_only_fields_that_do_not_change_results(tmp_path):
   saved["seeds"] = [5]
   (tmp_path / "config.json").write_text(json.dumps(saved))
   assert tables._finished(tmp_path, config) is None
-
-
-@pytest.mark.slow
-def test_run_rows_tabulates_rows_another_process_finished(tmp_path, monkeypatch):
-  configs = _configs()
-  # "Another process" finishes the FlyModel row in the shared workdir.
-  tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path, title="T", command="a")
-  ran = []
-  real = driver.train_and_evaluate
-  monkeypatch.setattr(
-    driver, "train_and_evaluate", lambda config, workdir: ran.append(workdir.name) or real(config, workdir)
-  )
-  # This process runs only the SDMLP row, yet its table holds both, in also_show's order.
-  shown = tables.run_rows(
-    {"sdmlp": configs["sdmlp"]},
-    tmp_path,
-    title="T",
-    command="b",
-    filename="t.md",
-    also_show={"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"], "relu": split_mnist.get_config("relu,tiny")},
-  )
-  assert ran == ["sdmlp"] and list(shown) == ["sdmlp", "flymodel"]
-  text = (tmp_path / "t.md").read_text()
-  rows = [l.split("|")[1].strip() for l in text.splitlines() if l.startswith("| ") and "neurons" not in l]
-  assert rows == ["flymodel", "sdmlp"]  # relu never finished: not shown
-  assert "another process" in text and "flymodel" in text.split("Command:")[1].splitlines()[0]
-
-  # run=False runs nothing and rewrites the table from the finished rows.
-  (tmp_path / "t.md").unlink()
-  monkeypatch.setattr(driver, "train_and_evaluate", lambda *a: pytest.fail("ran a row"))
-  shown = tables.run_rows(
-    {"flymodel": configs["flymodel"], "sdmlp": configs["sdmlp"]},
-    tmp_path,
-    title="T",
-    command="c",
-    filename="t.md",
-    run=False,
-  )
-  assert sorted(shown) == ["flymodel", "sdmlp"] and (tmp_path / "t.md").exists()
-  # A row whose config changed is not finished: nothing to show is an error, not an empty table.
-  configs["flymodel"].optimizer.learning_rate = 1.0
-  with pytest.raises(ValueError, match="no row"):
-    tables.run_rows({"flymodel": configs["flymodel"]}, tmp_path / "empty", title="T", command="c", run=False)
 
 
 def test_settings_say_which_hyperparameters_a_row_has():
