@@ -86,7 +86,9 @@ def test_budget():
   assert not forward_cache.fits(10, 10, 0)  # 0: off
 
 
-def _mnist_tasks(per_task=400):
+@functools.lru_cache(maxsize=None)
+def _mnist_tasks(per_task=200):
+  """Real MNIST digits 0/1 then 2/3, `per_task` and 30 fewer examples, padded to one shape (read once)."""
   ds = data.load_dataset("mnist")
   classes = data.task_classes(data.class_order(None), 2)[:2]
   splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
@@ -97,7 +99,7 @@ def _mnist_tasks(per_task=400):
 @pytest.mark.parametrize("regularizer", [None, regularizers.RegularizerSpec("ewc", 500.0)], ids=["plain", "ewc"])
 @pytest.mark.parametrize("kernel", ["ffi", pytest.param("xla", marks=pytest.mark.slow)])
 def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regularizer, kernel):
-  """Real MNIST, SDMLP past the switch: blocks of 3 epochs on task 1, the boundary (EWC's
+  """Real MNIST, SDMLP past the switch: blocks of 2 epochs on task 1, the boundary (EWC's
   importances), task 2. With the cache: the same parameters, counters and losses as the sparse step
   without it, from epoch 2 of each block with only part of the activations computed; the run cut
   after task 1, its states saved to the host and put back, ends bit for bit as the uninterrupted one."""
@@ -106,7 +108,7 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   x, y, sizes = _mnist_tasks()
   spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
   tx = optimizers.make_optimizer("sgd", 0.1, projection=functools.partial(models.project_params, spec=spec))
-  kwargs = dict(batch_size=32, epochs=3, seed_axis_data=False)
+  kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.1, 1.0, kernel=kernel)
   plain = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
   cached = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer, cache_bytes=1 << 22), **kwargs)
@@ -149,9 +151,10 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
   same run resumed mid-task from host copies of its states and a checkpointed schedule (no cache)
   and as the run whose budget holds one model's cache only (kept inside each block), and close to
   the sparse step without a cache; one neuron moved behind the carried cache's back (a
-  stale cache) changes the result."""
+  stale cache) changes the result. Two blocks a task: the second carries the first's cache; the
+  uninterrupted run, the resumed one, the stale and the fresh one share their first three blocks."""
   monkeypatch.setattr(step_policy, "CACHE_PAYS_BELOW", 1.01)  # keep the cache at this small width
-  ALL, ONE = 1 << 22, 1 << 21  # budgets for both models' caches (2 x 400 x 1000 x 4 B) and for one's
+  ALL, ONE = 1 << 21, 1 << 20  # budgets for both models' caches (2 x 200 x 1000 x 4 B) and for one's
   x, y, sizes = _mnist_tasks()
   spec = models.sdmlp(784, 1000, 10, k=5, switch_activations=1.0)
   regularizer = regularizers.RegularizerSpec("ewc", 500.0)
@@ -163,7 +166,7 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
   blocks = {
     b: p.blocks(batch_size=32, epochs=2, seed_axis_data=False, regularizer=regularizer) for b, p in policies.items()
   }
-  plan = [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]  # (block index, task)
+  plan = [(0, 0), (1, 0), (2, 1), (3, 1)]  # (block index, task); the boundary after block 1
 
   def start():
     states = train.init_states(np.array([0, 1]), spec=spec, tx=policies[0].tx(), regularizer=regularizer, num_tasks=2)
@@ -179,33 +182,36 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
       )
       assert ran_sparse and (schedule.cache is not None) == (budget == ALL)
       fractions.append(np.asarray(metrics.forward_fraction))
-      if index == 2:
+      if index == 1:
         states = end_task(states, x, y, sizes, jnp.int32(0))
     return states, schedule, fractions
 
-  full, schedule, fractions = run(ALL, *start(), plan)
+  halfway, schedule, fractions = run(ALL, *start(), plan[:3])
   assert schedule.cache_task == 1
-  for (index, _), fraction in zip(plan, fractions):
-    first_of_task = index in (0, 3)
+  progress = continual.Progress.start(1, 2)
+  progress.backend = schedule.to_json()
+  saved = continual.Progress.from_json(json.loads(json.dumps(progress.to_json()))).backend  # what a checkpoint keeps
+  saved = step_policy.SparseSchedule.from_json(saved)
+  assert saved.cache is None and saved._replace(cache=schedule.cache, cache_task=schedule.cache_task) == schedule
+  host = jax.device_get(halfway)  # and the states' host copies
+  # The blocks donate the states and the carried cache: the stale and fresh runs below take copies.
+  stale_start, fresh_start = [
+    (jax.tree.map(jnp.copy, halfway), schedule._replace(cache=jax.tree.map(jnp.copy, schedule.cache))) for _ in range(2)
+  ]
+
+  full, _, last = run(ALL, halfway, schedule, plan[3:])  # the uninterrupted run: the cache carried on
+  for (index, _), fraction in zip(plan, fractions + last, strict=True):
+    first_of_task = index in (0, 2)
     assert (float(fraction[:, 0].min()) == 1.0) == first_of_task  # a carried cache: its first epoch is cheap too
   uncached, _, _ = run(0, *start(), plan)
   chex.assert_trees_all_close(full.params, uncached.params, atol=1e-6)
   one_at_a_time, _, fractions = run(ONE, *start(), plan)  # each model's cache inside its block only
   assert all(float(f[:, 0].min()) == 1.0 and float(f[:, 1:].max()) < 1.0 for f in fractions)
   chex.assert_trees_all_equal(one_at_a_time.params, full.params)
-
-  halfway, schedule, _ = run(ALL, *start(), plan[:4])
-  progress = continual.Progress.start(1, 2)
-  progress.backend = schedule.to_json()
-  saved = continual.Progress.from_json(json.loads(json.dumps(progress.to_json()))).backend  # what a checkpoint keeps
-  saved = step_policy.SparseSchedule.from_json(saved)
-  assert saved.cache is None and saved._replace(cache=schedule.cache, cache_task=schedule.cache_task) == schedule
-  resumed, _, _ = run(ALL, jax.device_put(jax.device_get(halfway)), saved, plan[4:])
+  resumed, _, _ = run(ALL, jax.device_put(host), saved, plan[3:])
   chex.assert_trees_all_equal(resumed.params, full.params)
 
   def move_one_neuron(index, states, schedule):
-    if index != 4:
-      return states, schedule
     kernel = states.params["hidden"]["kernel"]  # [seeds, inputs, neurons]
     # A neuron that never fired (so no penalty moves it either) takes the address of one that fires most.
     counts = np.asarray(states.gaba_counts).sum(0)
@@ -214,8 +220,8 @@ def test_a_cache_carried_from_block_to_block_is_exact_through_a_consolidation_an
 
   def drop_cache(index, states, schedule):
     states, schedule = move_one_neuron(index, states, schedule)
-    return states, schedule._replace(cache=None) if index == 4 else schedule
+    return states, schedule._replace(cache=None)
 
-  stale, _, _ = run(ALL, *start(), plan, before=move_one_neuron)
-  fresh, _, _ = run(ALL, *start(), plan, before=drop_cache)
+  stale, _, _ = run(ALL, *stale_start, plan[3:], before=move_one_neuron)
+  fresh, _, _ = run(ALL, *fresh_start, plan[3:], before=drop_cache)
   assert not np.array_equal(np.asarray(stale.params["hidden"]["kernel"]), np.asarray(fresh.params["hidden"]["kernel"]))
