@@ -231,11 +231,14 @@ def test_oracle_learns_all_of_mnist(tmp_path):
 
 
 @pytest.mark.slow
-def test_flymodel_row_through_the_runner(tmp_path):
-  """FlyModel 1K (one pass per task, closed form) via train_and_evaluate: paper 0.77."""
+def test_flymodel_row_through_the_runner_logs_its_workdir_first(tmp_path, caplog):
+  """FlyModel 1K (one pass per task, closed form) via train_and_evaluate: paper 0.77. And issue 39:
+  the workdir was named only on the last line; now the run's first line names it."""
   config = split_mnist.get_config("flymodel,tiny")
   config.seeds = (0, 1)
-  results = driver.train_and_evaluate(config, tmp_path)
+  results = driver.train_and_evaluate(config, tmp_path / "run")
+  lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
+  assert lines[0].startswith(f"workdir {(tmp_path / 'run').resolve()}: config.json, results.json")
   assert results["model"]["n_response"] == 64
   for seed_result in results["per_seed"]:
     acc = np.array(seed_result["acc_matrix"])
@@ -430,39 +433,62 @@ def test_a_population_of_an_unregularised_run_or_another_field_is_refused(tmp_pa
   assert not any((tmp_path / name).exists() for name in "abcd")
 
 
+POPULATION_BASE = dict(seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, epochs_per_task=2)
+
+
+@pytest.fixture(scope="module")
+def sdmlp_alone(tmp_path_factory):
+  """`sdmlp_alone(point, count_compiles)` -> (results, compiled, final state) of the SDMLP run alone
+  with train_step 'dense' at `point` ({field: value}), each config run once for the module: the lr,
+  k and lr x k populations below meet the same learning rates and k (0.02, 0.05 x 3, 5), so they
+  share their members' separate runs (four runs instead of eight)."""
+  root, done = tmp_path_factory.mktemp("sdmlp_alone"), {}
+
+  def run(point: dict, count_compiles):
+    config = _tiny("sdmlp", **POPULATION_BASE, train_step="dense")
+    for field, value in point.items():
+      _set(config, field, value)
+    key = config.to_json(sort_keys=True)
+    if key not in done:
+      workdir = root / f"alone{len(done)}"
+      results, compiled = count_compiles(lambda: driver.train_and_evaluate(config, workdir), clear=True)
+      done[key] = results, compiled, final_state.load(workdir / "final_state.npz")
+    return done[key]
+
+  return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "grid, exact",
   [
-    ({"population.optimizer.learning_rate": (0.02, 0.05)}, True),
+    # (at k 5, not the config's 10, and lr 0.05, the config's: every member's run alone is also one of lr x k's)
+    ({"population.optimizer.learning_rate": (0.02, 0.05), "model.k": 5}, True),
     ({"population.model.k": (3, 5)}, True),
     ({"population.optimizer.learning_rate": (0.02, 0.05), "population.model.k": (3, 5)}, False),
   ],
   ids=["lr", "k", "lr_x_k"],
 )
-def test_a_population_of_learning_rates_and_k_is_its_members_run_one_by_one(grid, exact, tmp_path, count_compiles):
+def test_a_population_of_learning_rates_and_k_is_its_members_run_one_by_one(
+  grid, exact, tmp_path, count_compiles, sdmlp_alone
+):
   """SDMLP learning rates and k as one program: the learning rate lives in the optimiser state
   (optax.inject_hyperparams), k is traced under the static bound max(k). Such a population trains
   with the dense step, so each member is compared with its run alone with train_step='dense', with
   as many compilations as one run. Two models: bitwise on CPU. Four (2 x 2): XLA:CPU compiles the
   loop over four models differently from a single run (so does a population of four learning
   rates), and the parameters agree to 1e-5, the GABA counters to a few firings."""
-  base = dict(seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, epochs_per_task=2)
   results, compiled = count_compiles(
-    lambda: driver.train_and_evaluate(_tiny("sdmlp", **base, **grid), tmp_path / "population"), clear=True
+    lambda: driver.train_and_evaluate(_tiny("sdmlp", **POPULATION_BASE, **grid), tmp_path / "population"), clear=True
   )
   members = final_state.load(tmp_path / "population" / "final_state.npz")
-  fields = list(grid)
+  fields = [f for f in grid if f.startswith("population.")]
+  fixed = {f: v for f, v in grid.items() if not f.startswith("population.")}
   points = [tuple(m[f.removeprefix("population.")] for f in fields) for m in results["per_seed"]]
-  assert len(points) == len(set(points)) == np.prod([len(v) for v in grid.values()])
+  assert len(points) == len(set(points)) == np.prod([len(grid[f]) for f in fields])
   for i, point in enumerate(points):
-    alone_config = _tiny("sdmlp", **base, train_step="dense")
-    for field, value in zip(fields, point):
-      _set(alone_config, field.removeprefix("population."), value)
-    alone, alone_compiled = count_compiles(
-      lambda: driver.train_and_evaluate(alone_config, tmp_path / f"alone{i}"), clear=True
-    )
-    single = final_state.load(tmp_path / f"alone{i}" / "final_state.npz")
+    values = {**fixed, **{f.removeprefix("population."): v for f, v in zip(fields, point)}}
+    alone, alone_compiled, single = sdmlp_alone(values, count_compiles)
     assert len(compiled) == len(alone_compiled) > 0, (compiled, alone_compiled)
     if exact:
       assert results["per_seed"][i]["acc_matrix"] == alone["per_seed"][0]["acc_matrix"], point
@@ -621,14 +647,6 @@ def test_a_resumed_session_leaves_out_its_first_block_on_each_step():
   speed.update(6.0, 0, step="sparse")  # compiled: left out
   speed.update(0.25, 0, step="sparse")
   assert speed.line(1, 0, 3) == "16 seed-steps/s | ETA 0m10s"  # 20 steps in 1.25 s; 16 blocks of 10 left
-
-
-@pytest.mark.slow
-def test_the_run_logs_its_workdir_before_anything_of_the_run(tmp_path, caplog):
-  """Issue 39: the workdir was named only on the last line."""
-  driver.train_and_evaluate(_tiny("flymodel", **{"model.neurons": 200}), tmp_path / "run")
-  lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
-  assert lines[0].startswith(f"workdir {(tmp_path / 'run').resolve()}: config.json, results.json")
 
 
 # ------------------------------------------------------------------ a population's log lines
