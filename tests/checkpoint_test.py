@@ -24,7 +24,9 @@ from experiments import driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A run of ~20 short evaluation blocks, checkpointed every second one (so a kill usually lands
-# between checkpoints and the resumed run redoes some blocks).
+# between checkpoints and the resumed run redoes some blocks). On the first 1,000 training digits of
+# each class (2,000 a task, not ~12,000: a resume's bits do not depend on how many), with the GABA
+# switch scaled with them (T 20,000 -> 3,400), so that it still falls in task 1's second epoch.
 COMMAND = [
   sys.executable,
   "-m",
@@ -35,7 +37,8 @@ COMMAND = [
   "--config.eval_every=1",
   "--config.checkpoint_every_epochs=2",
   "--config.seeds=(0,1)",
-  "--config.model.gaba_switch_activations=20000",
+  "--config.model.gaba_switch_activations=3400",
+  "--config.train_per_class=1000",
 ]
 
 
@@ -65,7 +68,7 @@ def test_sigkill_mid_task_then_rerun_gives_bitwise_the_same_params(tmp_path):
   for line in killed.stderr:  # wait until training is under way (compiled, task 2 started)
     if "task 2/5" in line:
       break
-  time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))  # then kill at a random moment
+  time.sleep(random.Random(os.getpid()).uniform(0.0, 0.5))  # then kill at a random moment
   assert killed.poll() is None, "the run finished before it could be killed"
   killed.send_signal(signal.SIGKILL)
   killed.wait()
@@ -92,6 +95,7 @@ def _tiny(**overrides):
   config = split_mnist.get_config("relu,tiny")
   config.model.neurons = 32
   config.epochs_per_task = 1
+  config.train_per_class = 500  # (1,000 digits a task: what these tests check does not depend on how many)
   for name, value in overrides.items():
     config[name] = value
   return config
