@@ -263,7 +263,11 @@ def test_seed_sharded_checkpoint_from_8_devices_restores_on_1(engine, engine_dir
 
 # ------------------------------------------------------------------ whole runs: launch.sweep, processes
 
-RUN = "variant=sdmlp-tiny"  # the one run of launch/configs/split_mnist.py:devices (3 seeds)
+# The one run of launch/configs/split_mnist.py:devices (3 seeds), on the first 300 training digits
+# of each class (600 a task, not ~12,000: a layout's bits do not depend on how many), with the GABA
+# switch scaled with it (T 20,000 -> 1,000), so that it still falls inside task 2 as at full size.
+SMALLER = (("train_per_class", (300,)), ("model.gaba_switch_activations", (1000.0,)))
+RUN = "variant=sdmlp-tiny__train_per_class=300__gaba_switch_activations=1000.0"
 
 
 def _sweep(workdir, *flags, devices):
@@ -275,6 +279,7 @@ def _sweep(workdir, *flags, devices):
       "launch.sweep",
       "--config=launch/configs/split_mnist.py:devices",
       f"--workdir={workdir}",
+      *(f"--axis={field}={values[0]}" for field, values in SMALLER),
       *flags,
     ],
     cwd=ROOT,
@@ -338,7 +343,9 @@ def test_run_checkpointed_on_8_devices_resumes_on_1(on_8_devices, tmp_path, capl
   for step in steps:
     if step > 2:
       shutil.rmtree(run / "checkpoints" / str(step))
-  sweep_lib.run_sweep(sweeps.get_config("devices"), tmp_path)
+  sweep = sweeps.get_config("devices")
+  sweep.axes = (*sweep.axes, *SMALLER)
+  sweep_lib.run_sweep(sweep, tmp_path)
   assert "resuming from" in caplog.text
   _assert_same_run(run, on_8_devices)
 
@@ -372,6 +379,9 @@ def _population_run(workdir, devices):
     "--config.keep_checkpoints=10",
     "--config.population.regularizer.strength=(1.0,300.0,3000.0)",
     "--config.class_order=by_seed",
+    # 600 training digits a task, not ~12,000 (the claims are bitwise, not about learning); still
+    # more than one 512-example batch of EWC importances (the sum that 0.11's 8-device XLA:CPU splits).
+    "--config.train_per_class=300",
   ]
   return subprocess.Popen(
     [sys.executable, "-m", "experiments.split_mnist", *flags],
