@@ -99,12 +99,23 @@ def test_gaba_lambda_schedule_hand_values():
 @pytest.mark.slow
 def test_gaba_excites_everyone_before_and_is_topk_after_the_switch():
   a = jnp.asarray(_random_activations(6, (16, 500), ties=False))
-  thr = jax.jit(lambda a: topk.kth_largest(a, 11, k_bound=11))(a)  # a selection: the same bits as eager
-  # λ eagerly: under jit XLA:CPU may compute 2 C / T as 2 C * (1 / T), and λ at C = T lands just below 1.
-  before = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.zeros(500), 100.0))
+  # Under jit, as in training: XLA:CPU computes 2 C / T as 2 C * (1 / T), which at C = T = 100 is
+  # one ulp under 2; lambda must still be 1 there, or the 11th unit stays active.
+  thr = jax.jit(lambda a: topk.kth_largest(a, 11, k_bound=11))(a)
+  gaba = jax.jit(lambda a, thr, counts: topk.topk_subtract(a, thr, topk.gaba_lambda(counts, 100.0)))
+  before = gaba(a, thr, jnp.zeros(500))
   np.testing.assert_allclose(np.asarray(before), np.asarray(a + thr[:, None]), rtol=1e-6)  # lambda = -1
-  after = topk.topk_subtract(a, thr, topk.gaba_lambda(jnp.full(500, 100.0), 100.0))
+  after = gaba(a, thr, jnp.full(500, 100.0))
   np.testing.assert_array_equal(np.asarray((after > 0).sum(-1)), 10)
+
+
+@pytest.mark.parametrize("switch", [100.0, 3_400.0, 20_000.0])
+def test_gaba_lambda_is_exactly_one_from_the_switch_on_eagerly_and_under_jit(switch):
+  counts = jnp.asarray([0.0, switch - 1, switch, switch + 1], jnp.float32)
+  for lam in (topk.gaba_lambda(counts, switch), jax.jit(topk.gaba_lambda)(counts, switch)):
+    lam = np.asarray(lam)
+    np.testing.assert_array_equal(lam[[0, 2, 3]], [-1.0, 1.0, 1.0])  # Eq. 12 at C = 0, T and beyond
+    np.testing.assert_allclose(lam[1], 1.0 - 2.0 / switch, rtol=1e-6)
 
 
 def test_linear_k_schedule_eq4():

@@ -283,5 +283,11 @@ def linear_k(epoch, *, k_max: int, k_target: int, transition_epochs: int) -> jax
 
 def gaba_lambda(counts: jax.Array, switch_activations: float) -> jax.Array:
   """The GABA switch (App. B.3, `\\label{eq:GabaSwitch}`, Eq. 12 counting the source's numbered
-  equations): lambda_i = clip(-1 + 2 C_i / T, -1, 1), C_i = times neuron i fired."""
-  return jnp.clip(-1.0 + 2.0 * counts / switch_activations, -1.0, 1.0)
+  equations): lambda_i = clip(-1 + 2 C_i / T, -1, 1), C_i = times neuron i fired.
+
+  lambda is exactly 1 from C_i = T on: XLA turns the division by T into a product with T's rounded
+  reciprocal (eagerly too, where T is a constant of the op), which leaves 2 T (1/T) one ulp under 2
+  for some T (20,000, 3,400), and lambda one ulp under 1 would keep the (k+1)-th unit active.
+  """
+  lam = jnp.clip(-1.0 + 2.0 * counts / switch_activations, -1.0, 1.0)
+  return jnp.where(counts >= switch_activations, 1.0, lam)
