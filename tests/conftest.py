@@ -78,6 +78,23 @@ def count_compiles():
 
 
 @pytest.fixture
+def sparse_blocks(monkeypatch):
+  """The list of which blocks took the sparse step (`StepPolicy.run_block`'s flag), one entry per
+  block the test's runs train, in order: a test that two runs took the same steps compares them."""
+  from sdm_jax.engine.cpu import step_policy
+
+  ran_sparse, run_block = [], step_policy.StepPolicy.run_block
+
+  def spy(self, *args, **kwargs):
+    out = run_block(self, *args, **kwargs)
+    ran_sparse.append(out[2])
+    return out
+
+  monkeypatch.setattr(step_policy.StepPolicy, "run_block", spy)
+  return ran_sparse
+
+
+@pytest.fixture
 def saved_figures(monkeypatch):
   """{file name: the matplotlib Figure saved there} for every figure the code under test saves, so
   that a test checks what a figure shows (its lines, bars and points), not only that a PNG exists."""

@@ -49,22 +49,12 @@ def test_readme_own_data_example_runs_as_written_and_sdmlp_forgets_less():
 
 
 @pytest.mark.slow
-def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path, monkeypatch):
+def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path, sparse_blocks):
   """`fit` and `driver.train_and_evaluate` drive the same loop, with the same step policy (the sparse
   step after the switch, the fused dense step during it): equal accuracy matrices and curves. On
   the first 300 training digits of each class (`train_per_class`, the arrays `fit` is given), with
   T one epoch of task 1, so that both runs switch in task 1 and take sparse blocks after it."""
-  from sdm_jax.engine.cpu import step_policy
-
-  ran_sparse = []
-  run_block = step_policy.StepPolicy.run_block
-
-  def spy(self, *args, **kwargs):
-    out = run_block(self, *args, **kwargs)
-    ran_sparse.append(out[2])
-    return out
-
-  monkeypatch.setattr(step_policy.StepPolicy, "run_block", spy)
+  ran_sparse = sparse_blocks
   config = split_mnist.get_config("sdmlp,tiny")
   config.model.neurons, config.epochs_per_task, config.eval_every, config.seeds = 40, 2, 1, (0, 1)
   config.train_per_class, config.model.gaba_switch_activations = 300, 600.0

@@ -13,7 +13,6 @@ import pytest
 from sdm_jax import data
 from sdm_jax.core import placement
 from sdm_jax.engine import fit, mlp, models, networks, regularizers
-from sdm_jax.engine.cpu import step_policy
 
 SPECS = {
   "sdmlp": models.sdmlp(196, 40, 4, k=5, switch_activations=600.0),
@@ -114,7 +113,7 @@ def _module_of_seed_0(spec, cls=mlp.MLP):
     pytest.param("topk", marks=pytest.mark.slow),
   ],
 )
-def test_fit_trains_an_mlp_module_with_the_functional_model_s_steps(name, monkeypatch, assert_platform_equal):
+def test_fit_trains_an_mlp_module_with_the_functional_model_s_steps(name, sparse_blocks, assert_platform_equal):
   """Two tasks of real digits with EWC: an `MLP` module (`Network.functional`) is trained by the
   functional model's steps on its own state (`FunctionalStep`), the sparse step after SDMLP's
   switch included, so it trains as the functional model from the same weights: the same
@@ -124,15 +123,7 @@ def test_fit_trains_an_mlp_module_with_the_functional_model_s_steps(name, monkey
   x, y, test_x, test_y = _digits(30, 20)
   net = _module_of_seed_0(spec)
   assert networks.network(net, input_shape=(196,)).functional == spec
-  ran_sparse = []
-  run_block = step_policy.StepPolicy.run_block
-
-  def spy(self, *args, **kwargs):
-    out = run_block(self, *args, **kwargs)
-    ran_sparse.append(out[2])
-    return out
-
-  monkeypatch.setattr(step_policy.StepPolicy, "run_block", spy)
+  ran_sparse = sparse_blocks
   a = fit.fit(x, y, test_x=test_x, test_y=test_y, model=spec, **_FIT_OPTIONS)
   sparse_a, ran_sparse[:] = list(ran_sparse), []
   b = fit.fit(x, y, test_x=test_x, test_y=test_y, model=net, **_FIT_OPTIONS)
