@@ -2,7 +2,7 @@
 that check them at full size:
 
 - SDMLP beats the ReLU MLP on class-incremental Split MNIST (real MNIST; slow: the README's runs);
-- a run killed with SIGKILL resumes to bitwise the same result (slow: checkpoint_test.py);
+- a run killed with SIGKILL resumes to bitwise the same result (a population of two seeds, killed in task 2);
 - a population equals its members run one by one (slow: driver_test.py, mesh_test.py);
 - a refused run writes nothing (slow: driver_test.py's refused reruns);
 - the committed quick results are what the code computes (a committed short SDMLP run, recomputed).
@@ -137,7 +137,11 @@ def test_sdmlp_beats_relu_on_split_mnist():
 # ------------------------------------------------------------------ SIGKILL, then resume
 
 
-KILL_AFTER_EVALUATIONS = 3  # after epoch 3's rows, past the epoch-2 checkpoint: the resume redoes epoch 3
+# A population of two seeds (20 evaluations each: 5 tasks of 4 epochs), checkpointed every second
+# epoch: killed after evaluation 7 (task 2's third epoch), past the epoch-6 checkpoint, so the
+# resume starts inside task 2 and redoes epoch 7.
+KILL_AFTER_EVALUATIONS = 7
+SEEDS = (0, 1)
 
 
 def _killed_run(flags: list[str], cache: pathlib.Path) -> subprocess.Popen:
@@ -178,30 +182,45 @@ def _run(flags: list[str], cache: pathlib.Path) -> subprocess.Popen:
 @pytest.mark.slow
 @pytest.mark.every_stack
 def test_a_run_killed_with_sigkill_resumes_to_bitwise_the_same_result(tmp_path):
-  """The README's command, killed between checkpoints and run again: the same parameters, GABA
-  counters and metrics.csv, bit for bit, as a run never interrupted.
+  """The README's command for a population of two seeds, killed inside task 2 between checkpoints
+  and run again: the same parameters, GABA counters, accuracy matrices and metrics.csv, bit for
+  bit, as a run never interrupted. (Also checkpoint_test.py's claim: a SIGKILL mid-task, then a
+  rerun, gives bitwise the same parameters.)
 
   Broken on purpose, it fails: a resume that restores the parameters but not the optimiser's PRNG
   key (batches in another order), or that keeps the killed run's extra metrics.csv rows."""
   data_file = _embedding_file(tmp_path / "data.npz")
   cache = tmp_path / "jax_cache"  # filled by the first run; the others load its programs (5 s instead of 17 s of CPU)
-  reference = _run(_flags("sdmlp", data_file, tmp_path / "reference"), cache)
+  seeds = [f"--config.seeds={SEEDS}".replace(" ", "")]
+
+  def flags(workdir):
+    return _flags("sdmlp", data_file, workdir) + seeds
+
+  reference = _run(flags(tmp_path / "reference"), cache)
   _, err = reference.communicate(timeout=300)  # (communicate: a full stderr pipe would block the run)
   assert reference.returncode == 0, err[-3000:]
-  killed = _killed_run(_flags("sdmlp", data_file, tmp_path / "killed"), cache)
+  killed = _killed_run(flags(tmp_path / "killed"), cache)
   _, err = killed.communicate(timeout=300)
   assert killed.returncode == -9, err[-3000:]  # SIGKILL, not an error
+  assert "task 2/5" in err  # killed inside task 2, not in the first
   assert not (tmp_path / "killed" / "final_state.npz").exists()
-  assert len(metric_writers.read_rows(tmp_path / "killed" / "metrics.csv")) == KILL_AFTER_EVALUATIONS
-  resumed = _run(_flags("sdmlp", data_file, tmp_path / "killed"), cache)
+  assert any((tmp_path / "killed" / "checkpoints").iterdir())
+  assert len(metric_writers.read_rows(tmp_path / "killed" / "metrics.csv")) == KILL_AFTER_EVALUATIONS * len(SEEDS)
+  resumed = _run(flags(tmp_path / "killed"), cache)
   _, err = resumed.communicate(timeout=300)
   assert resumed.returncode == 0 and "resuming from" in err, err[-3000:]
   a, b = _final_state(tmp_path / "reference"), _final_state(tmp_path / "killed")
   assert a.keys() == b.keys() and "gaba_counts" in a
   for name in a:
-    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bitwise
+  results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("reference", "killed")]
+  assert [s["seed"] for s in results[1]["per_seed"]] == list(SEEDS)
+  assert [s["acc_matrix"] for s in results[0]["per_seed"]] == [s["acc_matrix"] for s in results[1]["per_seed"]]
+  assert all("curves" not in s for s in results[1]["per_seed"])  # stored once: metrics.csv
+  # The rows before the checkpoint were read back from metrics.csv and the ones after it dropped and
+  # written again: every evaluation once, byte for byte the uninterrupted run's.
   csv = [(tmp_path / d / "metrics.csv").read_bytes() for d in ("reference", "killed")]
-  assert csv[0] == csv[1]
+  assert csv[0] == csv[1] and len(csv[1].splitlines()) == 1 + 20 * len(SEEDS)
 
 
 # ------------------------------------------------------------------ a population is its members
