@@ -290,7 +290,7 @@ def _validate_run(config: ml_collections.ConfigDict) -> None:
 
 
 # The config fields a population may vary in one compiled program (they change no shape): the learning
-# rate, the hidden layer's k and GABA T, the regulariser's numbers (`train.POPULATION_FIELDS`).
+# rate, the hidden layer's k and GABA T, the regulariser's numbers (the model's `population_fields` and `regularizers.POPULATION_FIELDS`).
 # Fields that make each model's step its own: such a population trains with the dense step (the sparse
 # step's kernels take one learning rate and one k per program).
 DENSE_POPULATION_FIELDS = ("optimizer.learning_rate", "model.k", "model.gaba_switch_activations")

@@ -31,7 +31,7 @@ import optax
 
 from sdm_jax.runs import mesh as mesh_lib
 from sdm_jax.core import placement
-from sdm_jax.engine import metrics, models, regularizers, steps
+from sdm_jax.engine import metrics, regularizers, steps
 
 
 @flax.struct.dataclass
@@ -51,10 +51,10 @@ class TrainState:
     key: PRNG key (raw uint32[2]) for shuffling and dropout.
     reg: `regularizers.RegState` (anchors θ*, importances Ω, SI's path
       integral) when the run has a regulariser, else None.
-    hyper: this member's values when the run is a population (`POPULATION_FIELDS`: the hidden
-      layer's "k" (int32) and "switch_activations" T, the regulariser's "strength", "beta",
-      "decay" (float32); stacked like every other leaf), else None. They replace the static specs'
-      values inside the step and at task boundaries (`member_layer`, `member_regularizer`), so a
+    hyper: this member's values when the run is a population: the hidden layer's "k" (int32) and
+      "switch_activations" T (the model's `population_fields`), the regulariser's "strength", "beta",
+      "decay" (float32, `regularizers.POPULATION_FIELDS`); stacked like every other leaf; else None.
+      They replace the static specs' values inside the step and at task boundaries (`member_layer`, `member_regularizer`), so a
       grid of values is one compiled program. A member's learning rate lives in its optimiser state
       (`optax.inject_hyperparams`; `init_states`).
     backend: what a training step keeps inside a block of epochs (`steps.TrainStep`: its `enter`
@@ -71,14 +71,6 @@ class TrainState:
   reg: Any = None
   hyper: Any = None
   backend: Any = None
-
-
-# The values a population may give each model (`TrainState.hyper`), beside the optimiser's learning
-# rate (which lives in the optimiser's state, `optax.inject_hyperparams`): the built-in models' k and
-# T (a model's own `population_fields`), and the regulariser's numbers.
-LAYER_FIELDS = models.LAYER_FIELDS  #: The built-in hidden layer's fields a population may vary.
-#: Every `TrainState.hyper` field: the layer's, then the regulariser's.
-POPULATION_FIELDS = LAYER_FIELDS + regularizers.POPULATION_FIELDS
 
 
 def member_regularizer(

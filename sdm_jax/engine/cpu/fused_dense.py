@@ -26,7 +26,7 @@ compiles it into ~13 passes over the address matrix (31 MB at r = 10,000; benchm
   state can go back and forth between this step and `train.train_step`.
 
 The GABA counters, the step counter and the stats are `train.train_step`'s. It takes the
-models and regularisers the sparse step takes (`sparse.eligible(spec, optimizer="sgd", ...)`:
+models and regularisers the sparse step takes (`sparse.ineligibility(spec, optimizer="sgd", ...)` is None:
 SDM constraint, no biases, no dropout, a fixed-k schedule) with no regulariser or EWC, MAS or L2
 (their penalty is in the gradient); SI's path integral is refused (`ineligibility`): it stays on
 `train.train_step`. Where the kernel is not used (`sgd.address_kernel()` is "xla": not a CPU

@@ -4,7 +4,7 @@ Synopsis::
 
     block = functools.partial(train.make_train_block, batch_size=128, epochs=10, seed_axis_data=False)
     dense = block(step=train.DenseStep(spec, tx))                 # tx: clip 1.0 -> sgd 0.05 -> projection
-    fast = block(step=sparse.SparseStep(spec, sparse.SparseSGD(0.05, 1.0)))  # needs sparse.eligible(...)
+    fast = block(step=sparse.SparseStep(spec, sparse.SparseSGD(0.05, 1.0)))  # when sparse.ineligibility(...) is None
     states, metrics, ran_sparse = step_policy.sparse_or_dense_block(states, *task_data, dense_block=dense, sparse_block=fast)
 
 Why it is exact. Eq. 4 and the GABA switch (App. B.3) give a* = relu(a - lambda I) with I the
@@ -220,11 +220,6 @@ def regularizer_ineligibility(regularizer: regularizers.RegularizerSpec, *, hand
   if method.has_step_hook and method.name not in hand_written:
     return f"regulariser {method.name!r} (its per-step hook runs in train.train_step only)"
   return None
-
-
-def eligible(spec: models.ModelSpec, **optimizer) -> bool:
-  """Whether the sparse step can train this model with this optimiser (`ineligibility` says why not)."""
-  return ineligibility(spec, **optimizer) is None
 
 
 def to_neuron_major(params: dict) -> dict:
