@@ -72,9 +72,8 @@ def progress_of(restored):
 
 @pytest.mark.slow
 def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-  reference = driver.train_and_evaluate(_tiny(), tmp_path / "reference")
   run = tmp_path / "run"
-  driver.train_and_evaluate(_tiny(), run)
+  reference = driver.train_and_evaluate(_tiny(), run)  # uninterrupted: what the resumed run must give again
   steps = sorted((run / "checkpoints").iterdir(), key=lambda p: int(p.name))
   newest = steps[-1]
   for f in (newest / "state").rglob("*"):  # damaged on disk: every array file cut in half

@@ -111,6 +111,11 @@ def test_a_second_run_compiles_nothing_new_and_ends_with_the_same_bits(tmp_path)
       "experiments.split_mnist",
       "--config=experiments/configs/split_mnist.py:sdmlp,tiny",
       "--config.model.neurons=64",
+      # On the first 1,000 training digits of each class (what is compiled does not depend on how
+      # many), with the GABA switch scaled with them (T 20,000 -> 3,400: still in task 1's second
+      # epoch, so both runs compile and load the programs after the switch too).
+      "--config.train_per_class=1000",
+      "--config.model.gaba_switch_activations=3400",
       f"--workdir={tmp_path / run}",
     ]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
