@@ -36,10 +36,12 @@ def test_the_module_computes_the_functional_model_bit_for_bit(name, assert_platf
   net = mlp.from_state(spec, params, counters)
   net.eval()
   x = jax.random.uniform(jax.random.PRNGKey(1), (16, 14, 14))  # an image batch: both flatten it
+  # The epoch an argument, as the engine hands it in training: one program each for the three epochs.
+  functional = jax.jit(lambda p, c, x, epoch: spec.apply(p, c, x, **spec.layer_values(epoch, None))[0])
+  module = nnx.jit(lambda net, x, epoch: net(x, epoch=epoch))
   for epoch in (0, 2, 9):  # the linear schedule's k at the start, halfway, after (Eq. 4)
-    layer = spec.layer_values(jnp.asarray(epoch, jnp.int32), None)
-    expected = jax.jit(lambda p, c, x: spec.apply(p, c, x, **layer)[0])(params, counters, x)
-    got = nnx.jit(lambda net, x: net(x, epoch=jnp.asarray(epoch, jnp.int32)))(net, x)
+    epoch = jnp.asarray(epoch, jnp.int32)
+    expected, got = functional(params, counters, x, epoch), module(net, x, epoch)
     assert_platform_equal(got, expected, ulps=4, err_msg=f"epoch {epoch}")
 
   # Training mode advances the counters by the batch's firings, as the engine's `advance` does.
