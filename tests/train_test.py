@@ -59,16 +59,30 @@ def test_one_compile_across_tasks_epochs_and_k_annealing():
 
 
 @pytest.mark.slow
-def test_vmapped_seeds_equal_single_seed_runs():
-  """Two seeds as one program equal each seed's own run (a third seed took the same path again)."""
+def test_vmapped_seeds_equal_single_seed_runs_and_both_seed_loops_agree():
+  """Two seeds as one program equal each seed's own run (a third seed took the same path again), and
+  lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training. (Two tests
+  until now, each compiling its own 2-seed block of this model: one 2-seed block per loop here.)"""
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
-  block = train.make_train_block(step=train.DenseStep(spec, tx), batch_size=64, epochs=2, seed_axis_data=False)
+  default = train.resolve_seed_loop("auto")
+  blocks = {
+    loop: train.make_train_block(
+      step=train.DenseStep(spec, tx), batch_size=64, epochs=1, seed_axis_data=False, seed_loop=loop
+    )
+    for loop in ("map", "vmap")
+  }
+  block = blocks[default]
   seeds = np.array([0, 1])
   stacked = train.init_states(seeds, spec=spec, tx=tx)
+  other, _ = blocks[{"map": "vmap", "vmap": "map"}[default]](  # (a copy: the block donates its states)
+    jax.tree.map(jnp.copy, stacked), tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(0)
+  )
   for task in range(2):
     stacked, _ = block(stacked, tasks["train_x"], tasks["train_y"], tasks["train_sizes"], jnp.int32(task))
+    if task == 0:  # the other seed loop, the same task's epoch from the same states
+      chex.assert_trees_all_close(stacked.params, other.params, atol=1e-5)
   for i, seed in enumerate(seeds):
     single = train.init_states(np.array([seed]), spec=spec, tx=tx)
     for task in range(2):
@@ -81,6 +95,8 @@ def test_vmapped_seeds_equal_single_seed_runs():
   assert not np.allclose(
     np.asarray(stacked.params["output"]["kernel"][0]), np.asarray(stacked.params["output"]["kernel"][1])
   )
+  with pytest.raises(ValueError, match="seed_loop"):
+    train.resolve_seed_loop("pmap")
 
 
 @pytest.mark.slow
@@ -177,30 +193,6 @@ def test_relu_learns_first_task_of_real_mnist_and_forgets_it():
   assert float(after_second.correct[0, 0] / after_second.count[0, 0]) < 0.5  # catastrophic forgetting
   # Task-incremental accuracy (logits restricted to the task's 2 classes) stays high.
   assert float(after_second.correct_task_masked[0, 0] / after_second.count[0, 0]) > 0.8
-
-
-@pytest.mark.slow
-def test_seed_loops_agree():
-  """lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training. (One
-  test: its two parametrisations each compared the same two programs, map against vmap.)"""
-  tasks = _mnist_tasks()
-  spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
-  tx = _setup(spec)
-  trained = {}
-  for seed_loop in ("map", "vmap"):
-    block = train.make_train_block(
-      step=train.DenseStep(spec, tx), batch_size=64, epochs=1, seed_axis_data=False, seed_loop=seed_loop
-    )
-    trained[seed_loop], _ = block(
-      train.init_states(np.array([4, 5]), spec=spec, tx=tx),
-      tasks["train_x"],
-      tasks["train_y"],
-      tasks["train_sizes"],
-      jnp.int32(0),
-    )
-  chex.assert_trees_all_close(trained["map"].params, trained["vmap"].params, atol=1e-5)
-  with pytest.raises(ValueError, match="seed_loop"):
-    train.resolve_seed_loop("pmap")
 
 
 @pytest.mark.parametrize(
