@@ -1,5 +1,6 @@
 """The sparse SGD step against the dense engine step, and the top-k-with-indices selector."""
 
+import contextlib
 import functools
 
 import chex
@@ -34,6 +35,17 @@ def _mnist_task(per_task=700):
   splits = data.split_by_task(ds["train_images"], ds["train_labels"], classes)
   x, y, sizes = data.pad_tasks([(a[: per_task - 50 * i], b[: per_task - 50 * i]) for i, (a, b) in enumerate(splits)])
   return (jnp.asarray(x.reshape(x.shape[0], x.shape[1], -1)), jnp.asarray(y, jnp.int32), jnp.asarray(sizes))
+
+
+def _kernel_device(kernel):
+  """The FFI kernels' cases run on the CPU device (they are registered for the CPU platform only), the
+  XLA cases on the default device: for a test that checks both kernels against one dense run."""
+  return jax.default_device(jax.devices("cpu")[0]) if kernel == "ffi" else contextlib.nullcontext()
+
+
+def _kernels_to_compare():
+  """The CPU FFI kernel where it builds (tests/kernels_test.py asserts it does with g++), then XLA's update."""
+  return (["ffi"] if kernels.available() else []) + ["xla"]
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -141,11 +153,12 @@ def test_sparse_epochs_equal_dense_epochs(clip_norm, lr, k_schedule, max_touched
   assert float(jnp.abs(b.params["hidden"]["kernel"] - start.params["hidden"]["kernel"]).max()) > 1e-3  # >> atol
 
 
-@pytest.mark.parametrize("max_touched,kernel", [(0, "xla"), (12, "xla"), (None, "auto")])
 @pytest.mark.parametrize("clip_factor", [0.01, 1.05, 1e3])
 @pytest.mark.slow
-def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor, max_touched, kernel):
-  """One step: the (clipped) update equals optax's, where several examples share neurons.
+def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor):
+  """One step: the (clipped) update equals optax's, where several examples share neurons, on every
+  address path: XLA per-slot (max_touched 0), XLA distinct rows (12), and the default (the CPU kernel
+  on CPU). The dense step is the reference of all three, so it runs once.
 
   clip = factor x the true gradient norm: 0.01 clips (exact norm); 1e3 is settled by the
   cheap bound; 1.05 does not clip, but with 12 neurons shared by 47 examples the bound
@@ -163,11 +176,12 @@ def test_sparse_step_clip_matches_optax_norm_with_duplicate_neurons(clip_factor,
   tx = optimizers.make_optimizer("sgd", 1.0, clip_norm=clip_norm, projection=projection)
   state = state.replace(opt_state=tx.init(state.params))
   dense, _ = jax.jit(functools.partial(train.train_step, spec=spec, tx=tx))(state, xb, yb, valid)
-  sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
-  fast_step = jax.jit(functools.partial(sparse.train_step_with_penalty, spec=spec, sgd=sgd))
-  fast, _, stats, _ = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), None, xb, yb, valid)
-  assert int(stats[-1]) == 1  # the step was exact
-  chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
+  for max_touched, kernel in [(0, "xla"), (12, "xla"), (None, "auto")]:
+    sgd = sparse.SparseSGD(1.0, clip_norm, max_touched=max_touched, kernel=kernel)
+    fast_step = jax.jit(functools.partial(sparse.train_step_with_penalty, spec=spec, sgd=sgd))
+    fast, _, stats, _ = fast_step(state.replace(params=sparse.to_neuron_major(state.params)), None, xb, yb, valid)
+    assert int(stats[-1]) == 1, (max_touched, kernel)  # the step was exact
+    chex.assert_trees_all_close(dense.params, sparse.to_neuron_major(fast.params), atol=1e-6)
 
 
 def test_default_slots_per_example_widen_with_the_layer(on_cpu):
@@ -249,29 +263,31 @@ def _partly_switched_states(spec, tx, seeds, regularizer=None):
   return states.replace(gaba_counts=states.gaba_counts + np.float32(fraction * spec.hidden.switch_activations))
 
 
-@pytest.mark.parametrize("kernel,max_touched", [("ffi", None), ("xla", None), ("xla", 0)])
-def test_sparse_step_equals_dense_with_examples_beyond_k_active_units(kernel, max_touched):
+def test_sparse_step_equals_dense_with_examples_beyond_k_active_units():
   """Fast tier: two epochs from a partly switched layer, where examples fire up to several times
   k units (the slots hold the batch's total, not k per example): same parameters, counters and
-  loss as the dense step, and every step ran sparse."""
-  if kernel == "ffi" and not kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
+  loss as the dense step, and every step ran sparse; with the CPU kernel (on the CPU device) and
+  XLA's distinct-rows and per-slot updates. The dense step is the reference of all three: it runs once."""
   x, y, sizes = _mnist_task(per_task=300)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)  # lambdas barely move in 2 epochs
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
-  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, max_touched=max_touched, kernel=kernel)
   a, a_metrics = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)(
     _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
   )
-  b, b_metrics = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)(
-    _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
-  )
-  np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
-  assert float(b_metrics.active_per_example.min()) > 1.5 * spec.hidden.k  # on average
-  chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
-  np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
+  for kernel, max_touched in [("ffi", None), ("xla", None), ("xla", 0)]:
+    if kernel == "ffi" and not kernels.available():  # tests/kernels_test.py asserts it builds with g++
+      continue
+    with _kernel_device(kernel):
+      sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, max_touched=max_touched, kernel=kernel)
+      b, b_metrics = train.make_train_block(step=sparse.SparseStep(spec, sgd), **kwargs)(
+        _partly_switched_states(spec, tx, [0]), x, y, sizes, jnp.int32(0)
+      )
+    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0, err_msg=kernel)
+    assert float(b_metrics.active_per_example.min()) > 1.5 * spec.hidden.k  # on average
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
+    np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
 
 
 def test_slot_tiers_and_class_sum_rows_at_1k_neurons():
@@ -286,11 +302,11 @@ def test_slot_tiers_and_class_sum_rows_at_1k_neurons():
 
 
 @pytest.mark.parametrize("regularizer", [None, "ewc", "si"])
-@pytest.mark.parametrize("switched", ["fully", "partly"])
-def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch, on_cpu):
+def test_slot_tiers_change_no_bit(regularizer, monkeypatch, on_cpu):
   """Fast tier: the slot terms on the smallest tier that holds the active units give the same bits
   as on every slot (`sparse._sparse_update`), after the switch (about k units per example: a low
-  tier) and partly switched (more), plain and penalised."""
+  tier) and partly switched (more), plain and penalised. Both starts train on the same two programs
+  (the tiered block and the every-slot one), so one test runs them from both."""
   if not kernels.available():
     pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
   x, y, sizes = _mnist_task(per_task=300)
@@ -305,27 +321,34 @@ def test_slot_tiers_change_no_bit(regularizer, switched, monkeypatch, on_cpu):
   block = train.make_train_block(
     step=sparse.SparseStep(spec, sgd, regularizer=reg), batch_size=32, epochs=2, seed_axis_data=False
   )
-  states = _partly_switched_states(spec, tx, [0], regularizer=reg)
-  if switched == "fully":
-    states = states.replace(gaba_counts=jnp.full_like(states.gaba_counts, 2 * spec.hidden.switch_activations))
+  partly = _partly_switched_states(spec, tx, [0], regularizer=reg)
+  starts = {
+    "fully": partly.replace(gaba_counts=jnp.full_like(partly.gaba_counts, 2 * spec.hidden.switch_activations)),
+    "partly": partly,
+  }
   if reg is not None:
     end_task = train.make_end_task(spec=spec, regularizer=reg, seed_axis_data=False)
-    states = end_task(states, x, y, sizes, jnp.int32(0))
+    starts = {switched: end_task(states, x, y, sizes, jnp.int32(0)) for switched, states in starts.items()}
 
   tiers = sparse._slot_tiers(spec, sgd.num_slots(spec, 32), 32)
 
   def run(tiers):
     monkeypatch.setattr(sparse, "_slot_tiers", tiers)
     jax.clear_caches()
-    fresh = jax.tree.map(jnp.copy, states)  # the block donates its states
-    return jax.device_get(block(fresh, x, y, sizes, jnp.int32(1 if reg is not None else 0)))
+    task = jnp.int32(1 if reg is not None else 0)
+    # (the block donates its states: each run starts from a copy)
+    return {
+      switched: jax.device_get(block(jax.tree.map(jnp.copy, states), x, y, sizes, task))
+      for switched, states in starts.items()
+    }
 
   tiered = run(sparse._slot_tiers)
   every_slot = run(lambda spec, num_slots, batch: [num_slots])
-  np.testing.assert_array_equal(np.asarray(tiered[1].sparse_fraction), 1.0)
-  chex.assert_trees_all_equal(tiered, every_slot)
-  per_batch = 32 * float(tiered[1].active_per_example.max())  # the first tier, or one between
-  assert per_batch <= tiers[0] if switched == "fully" else tiers[0] < per_batch <= tiers[-2]
+  for switched in starts:
+    np.testing.assert_array_equal(np.asarray(tiered[switched][1].sparse_fraction), 1.0, err_msg=switched)
+    chex.assert_trees_all_equal(tiered[switched], every_slot[switched])
+    per_batch = 32 * float(tiered[switched][1].active_per_example.max())  # the first tier, or one between
+    assert per_batch <= tiers[0] if switched == "fully" else tiers[0] < per_batch <= tiers[-2], switched
 
 
 # The strengths make the penalty's gradient comparable to the data's on the rows it holds. The step
@@ -341,40 +364,46 @@ PENALTIES = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["ffi", "xla"])
 @pytest.mark.parametrize(
   "regularizer",
   PENALTIES,
   ids=lambda r: r.method + ("_online" if r.online else "") + ("_textbook" if r.si_variant == "textbook" else ""),
 )
 @pytest.mark.slow
-def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer, kernel):
+def test_penalized_sparse_step_equals_dense_through_a_task_boundary(regularizer):
   """SDMLP with EWC or L2 (the folded quadratic of every method but SI) or SI (both path integrals): the data
   gradient through the slots, the penalty's 2λA(θ − m) elementwise, the clip over the true global
   norm, the projection over every row moved, SI's w on the rows touched. Task 1, the boundary
-  (importances, anchors), task 2: same as the dense step (SI's w too)."""
-  if kernel == "ffi" and not kernels.available():
-    pytest.skip(f"CPU kernels unavailable: {kernels.build_error()}")
+  (importances, anchors), task 2: same as the dense step (SI's w too), with the CPU kernel's address
+  update and with XLA's. The dense run is the reference of both, so it runs once."""
   x, y, sizes = _mnist_task(per_task=400)
   spec = models.sdmlp(784, 60, 10, k=3, switch_activations=1e5)
   tx = optimizers.make_optimizer("sgd", 0.2, projection=functools.partial(models.project_params, spec=spec))
   kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
-  sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, kernel=kernel)
   dense = train.make_train_block(step=train.DenseStep(spec, tx, regularizer), **kwargs)
-  fast = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)
-  a = _partly_switched_states(spec, tx, [0, 1], regularizer)
-  b = _partly_switched_states(spec, tx, [0, 1], regularizer)
-  for task in range(2):
+  a, want = _partly_switched_states(spec, tx, [0, 1], regularizer), []
+  for task in range(2):  # the blocks donate their states: each task's end is kept on the host
     a, a_metrics = dense(a, x, y, sizes, jnp.int32(task))
-    b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
-    np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0)
-    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
-    chex.assert_trees_all_close(a.reg, b.reg, atol=1e-5, rtol=1e-4)
-    np.testing.assert_array_equal(np.asarray(a.gaba_counts), np.asarray(b.gaba_counts))
-    np.testing.assert_allclose(np.asarray(a_metrics.loss), np.asarray(b_metrics.loss), rtol=1e-5)
+    want.append(jax.device_get((a.params, a.reg, a.gaba_counts, a_metrics.loss)))
     if task == 0:
-      a, b = end_task(a, x, y, sizes, jnp.int32(0)), end_task(b, x, y, sizes, jnp.int32(0))
-  # Not vacuous: in task 2 the penalty moved rows no example touched, and its loss term is large.
-  penalty = jax.vmap(lambda p, r: regularizers.penalty(p, r, regularizer.strength))(b.params, b.reg)
-  assert float(penalty.min()) > 1e-3 * float(b_metrics.loss[:, -1].min())
+      a = end_task(a, x, y, sizes, jnp.int32(0))
+  for kernel in _kernels_to_compare():
+    with _kernel_device(kernel):
+      sgd = sparse.SparseSGD(0.2, 1.0, max_active=6 * spec.hidden.k, kernel=kernel)
+      fast = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
+      b = _partly_switched_states(spec, tx, [0, 1], regularizer)
+      for task, (params, reg, gaba_counts, loss) in enumerate(want):
+        b, b_metrics = fast(b, x, y, sizes, jnp.int32(task))
+        np.testing.assert_array_equal(np.asarray(b_metrics.sparse_fraction), 1.0, err_msg=kernel)
+        chex.assert_trees_all_close(params, b.params, atol=1e-5)
+        chex.assert_trees_all_close(reg, b.reg, atol=1e-5, rtol=1e-4)
+        np.testing.assert_array_equal(gaba_counts, np.asarray(b.gaba_counts))
+        np.testing.assert_allclose(loss, np.asarray(b_metrics.loss), rtol=1e-5, err_msg=kernel)
+        if task == 0:
+          b = end_task(b, x, y, sizes, jnp.int32(0))
+      # Not vacuous: in task 2 the penalty moved rows no example touched, and its loss term is large.
+      penalty = jax.vmap(lambda p, r: regularizers.penalty(p, r, regularizer.strength))(b.params, b.reg)
+      assert float(penalty.min()) > 1e-3 * float(b_metrics.loss[:, -1].min()), kernel
+  if not kernels.available():
+    pytest.skip(f"XLA's update checked; CPU kernels unavailable: {kernels.build_error()}")
