@@ -132,11 +132,24 @@ def test_schedule_name_is_checked():
 _STANDIN = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'data' / 'cifar10_jpeg'  # as CI has it
 
 
+@pytest.fixture(scope='module')
+def real_images(tmp_path_factory):
+  """The stand-in's first 20 training images of each class, decoded once for the tests on real images
+  (one pass over the tar instead of one per test): images numbered 0-19, sorted by (class, number)."""
+  return cifar.load_cifar10_jpeg(_STANDIN, cache=tmp_path_factory.mktemp('cifar'), max_per_class=20)
+
+
+def _first_per_class(ds, n):
+  """The images numbered below n of each class: what `max_per_class=n` decodes."""
+  keep = np.concatenate([np.flatnonzero(ds['train_labels'] == c)[:n] for c in range(10)])
+  return ds['train_images'][keep], ds['train_labels'][keep]
+
+
 @pytest.mark.skipif(not (_STANDIN / cifar.JPEG_TAR).is_file(), reason='JPEG stand-in not found')
 @pytest.mark.slow
-def test_tiny_training_reduces_loss_on_real_images(tmp_path):
-  ds = cifar.load_cifar10_jpeg(_STANDIN, cache=tmp_path, max_per_class=7)  # 70 real training images
-  x, y = ds['train_images'][:64], ds['train_labels'][:64].astype(np.int32)
+def test_tiny_training_reduces_loss_on_real_images(real_images):
+  images, labels = _first_per_class(real_images, 7)  # 70 real training images
+  x, y = images[:64], labels[:64].astype(np.int32)
   net = _net(dim=16, depth=1, kernel_size=5, patch_size=4, num_classes=10)
   tx = convmixer.make_optimizer(lr=0.01, weight_decay=0.005, clip_norm=1.0)
   state = convmixer.init_state(jax.random.PRNGKey(0), net, tx)
@@ -242,12 +255,12 @@ def test_conv_sdm_relu_head_has_biases_and_no_projection():
 
 @pytest.mark.skipif(not (_STANDIN / cifar.JPEG_TAR).is_file(), reason="JPEG stand-in not found")
 @pytest.mark.slow
-def test_conv_sdm_through_the_class_incremental_protocol_on_real_images(tmp_path):
+def test_conv_sdm_through_the_class_incremental_protocol_on_real_images(real_images):
   """The ConvSDM is a network `fit` takes: two tasks of real CIFAR images with EWC and two stacked
   seeds, its SDM head counted and constrained as the engine does for any network's SDM layer."""
   from sdm_jax.engine import fit, regularizers
 
-  ds = cifar.load_cifar10_jpeg(_STANDIN, cache=tmp_path, max_per_class=20)
+  ds = real_images  # 20 images of each class
   keep = ds["train_labels"] < 4  # classes 0-3: two tasks of two classes, 40 images each
   x, y = ds["train_images"][keep], ds["train_labels"][keep]
   head = sdm_layer.SDMSpec(neurons=32, k=8, switch_activations=400.0)  # T: 10 epochs of task 1
