@@ -13,6 +13,12 @@ from experiments import driver, schema
 from sdm_jax.data import embeddings
 
 
+# The chains below train with the dense step only: which step trains after the GABA switch is not what
+# they claim (a pipeline, a refusal, a file's contents), and "auto" compiles the sparse step as well;
+# the sparse step is checked against the dense one in sparse_test, mlp_test and continual_test.
+_STEP = "dense"
+
+
 def _fake_dataset(num_classes, dim=256, per_class=12, test_per_class=4, seed=0, lossy=True):
   """Separable float32 features, one Gaussian blob per class (stands in for embeddings)."""
   rng = np.random.default_rng(seed)
@@ -168,12 +174,14 @@ def test_whole_chain_train_convmixer_embed_pretrain_split_cifar(tmp_path):
   pre.data_dir, pre.model.input_size, pre.model.neurons = str(pre_file), 8, 32
   pre.num_classes = pre.classes_per_task = pre.model.num_classes = 100
   pre.batch_size = 16  # the mock's 100 examples
+  pre.train_step = _STEP
   driver.train_and_evaluate(pre, tmp_path / "pretrain")
   _, _, pre_counts = final_state.load(tmp_path / "pretrain" / "final_state.npz")[:3]
 
   config = split_cifar.get_config("sdmlp,tiny")
   config.data_dir, config.pretrained, config.seeds = str(cifar_file), str(tmp_path / "pretrain"), (0, 3)
   config.model.input_size, config.model.neurons, config.batch_size = 8, 32, 8
+  config.train_step = _STEP
   results = driver.train_and_evaluate(config, tmp_path / "split_cifar")
   assert results["status"] == "finished" and results["tasks_finished"] == 5
   assert results["pretrained"] == str(tmp_path / "pretrain" / "final_state.npz")
@@ -194,14 +202,14 @@ def test_pixel_rows_imagenet32_pretrain_then_split_cifar10_through_tfds(tmp_path
   tfds = pytest.importorskip("tensorflow_datasets")
   with tfds.testing.mock_data(num_examples=20):
     pre = pretrain.get_config("pixels_sdmlp_k1,tiny")
-    pre.model.neurons, pre.batch_size = 16, 4  # the mock's 20 examples
+    pre.model.neurons, pre.batch_size, pre.train_step = 16, 4, _STEP  # the mock's 20 examples
     pre_results = driver.train_and_evaluate(pre, tmp_path / "pretrain")
   # Split CIFAR-10 needs every class in its training data (a task would train on nothing): the
   # mock's 20 random labels leave class 6 out, 100 give every class.
   with tfds.testing.mock_data(num_examples=100):
     config = split_cifar.get_config("pixels_sdmlp_k1,tiny")
     config.model.neurons, config.pretrained, config.seeds = 16, str(tmp_path / "pretrain"), (3,)
-    config.batch_size = 4
+    config.batch_size, config.train_step = 4, _STEP
     results = driver.train_and_evaluate(config, tmp_path / "split_cifar")
   assert pre_results["dataset"]["source"] == "tfds:imagenet_resized/32x32"
   assert results["dataset"]["source"] == "tfds:cifar10" and results["tasks_finished"] == 5
@@ -244,6 +252,7 @@ def _split(data_file, pretrain_dir, workdir):
   config.data_dir, config.pretrained, config.seeds = str(data_file), str(pretrain_dir), (0,)
   config.model.input_size, config.model.neurons, config.batch_size = 8, 16, 8  # tasks of 24 examples
   config.epochs_per_task = config.eval_every = 1
+  config.train_step = _STEP
   return driver.train_and_evaluate(config, workdir)
 
 
@@ -253,6 +262,7 @@ def _pretrain_config(data_file):
   pre.model.input_size, pre.model.neurons, pre.seeds, pre.batch_size = 8, 16, (0,), 8
   pre.num_classes = pre.classes_per_task = pre.model.num_classes = 10
   pre.epochs_per_task = pre.eval_every = 1
+  pre.train_step = _STEP
   return pre
 
 
