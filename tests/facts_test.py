@@ -70,17 +70,24 @@ def test_the_rule_answers_are_right_and_its_splits_cover_every_pair_once():
 
 @pytest.mark.slow
 def test_the_transformer_has_sdm_blocks_and_keeps_the_stream_signed():
+  """Built and run under `nnx.jit` (as training runs it): eagerly, each of the model's ops is compiled
+  on its own, which costs more than the whole program."""
   c = tiny()
-  model = facts.Transformer(c, "sdm", k=3, switch_activations=1e9, rngs=nnx.Rngs(0))
+  model = nnx.jit(lambda: facts.Transformer(c, "sdm", k=3, switch_activations=1e9, rngs=nnx.Rngs(0)))()
   assert all(isinstance(layer.mlp, blocks.SDMBlock) for layer in model.layers)
   x = jnp.asarray(facts.make_data(c)["base_x"][:5])
-  assert model(x).shape == (5, facts.vocabulary(c)["size"])
+  assert nnx.jit(lambda m, x: m(x))(model, x).shape == (5, facts.vocabulary(c)["size"])
   model.eval()
-  h = model.embed(x) + model.pos[...]
-  layer = model.layers[0]
-  mid = h + layer.attn(layer.norm(h))
-  out = layer(h)
-  np.testing.assert_allclose(out, mid + layer.mlp.out(facts.sdm_hidden(layer.mlp, mid)), rtol=1e-5, atol=1e-6)
+
+  @nnx.jit
+  def layer_and_its_parts(model, x):
+    h = model.embed(x) + model.pos[...]
+    layer = model.layers[0]
+    mid = h + layer.attn(layer.norm(h))
+    return layer(h), mid + layer.mlp.out(facts.sdm_hidden(layer.mlp, mid))
+
+  out, parts = layer_and_its_parts(model, x)
+  np.testing.assert_allclose(out, parts, rtol=1e-5, atol=1e-6)
   assert float(out.min()) < 0  # the residual stream is not ReLU'd
 
 
@@ -133,6 +140,9 @@ def test_rows_train_only_what_they_say(row):
 
 def _stream_config():
   c = tiny()
+  # Arrays of two sizes instead of four (base facts as many as the rule's 15 training pairs, each task's
+  # facts as many as its 5 validation and 5 test pairs): the jitted accuracy compiles once per size.
+  c.base_facts, c.facts_per_task = 15, 5
   c.rows = "sdm_memory"
   c.pretrain_lr_sdm = 0.01
   c.k = 4
