@@ -305,7 +305,8 @@ def test_penalty_value_gradient_and_empty_slots():
     anchor=jax.tree.map(lambda s: s.at[2].set(-3.0), state.anchor),
   )
   lam = 3.0
-  value, grad = jax.jit(jax.value_and_grad(reg.penalty))(params, state, lam)
+  penalty_and_grad = jax.jit(jax.value_and_grad(reg.penalty))  # one program for both states below
+  value, grad = penalty_and_grad(params, state, lam)
 
   leaves = lambda t: [np.asarray(v, np.float64) for v in jax.tree.leaves(t)]
   expected_value = sum(
@@ -324,7 +325,7 @@ def test_penalty_value_gradient_and_empty_slots():
   # Zero (value and gradient) at the anchor of the only filled slot, up to float32 rounding
   # of the folded form (the slots' importance-weighted centre).
   one = reg.store_slot(reg.init(params, num_slots=3), params, omegas[0])
-  value, grad = jax.jit(jax.value_and_grad(reg.penalty))(params, one, lam)
+  value, grad = penalty_and_grad(params, one, lam)
   assert abs(float(value)) < 1e-10
   assert all(np.all(np.abs(np.asarray(g)) < 1e-6) for g in jax.tree.leaves(grad))
   assert float(reg.penalty(params, reg.init(params, num_slots=2), lam)) == 0.0
@@ -440,11 +441,13 @@ def test_a_method_defined_in_a_test_file_trains_on_the_dense_and_the_sparse_step
   spec = models.sdmlp(48, 40, 4, k=4, switch_activations=1.0)
   tx = optimizers.for_model(spec, "sgd", 0.1)
   kwargs = dict(batch_size=16, epochs=2, seed_axis_data=False)
+  # One block per step, built once: the first task and the second train on the same programs.
+  dense = {r: train.make_train_block(step=train.DenseStep(spec, tx, r), **kwargs) for r in (None, halfway)}
 
   def start(regularizer):
     states = train.init_states(np.array([0]), spec=spec, tx=tx, regularizer=regularizer, num_tasks=2)
     states = states.replace(gaba_counts=states.gaba_counts + 10.0)  # past the GABA switch
-    states, _ = train.make_train_block(step=train.DenseStep(spec, tx, regularizer), **kwargs)(states, x, y, sizes, 0)
+    states, _ = dense[regularizer](states, x, y, sizes, 0)
     if regularizer is None:
       return states
     return train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False)(states, x, y, sizes, 0)
@@ -452,13 +455,12 @@ def test_a_method_defined_in_a_test_file_trains_on_the_dense_and_the_sparse_step
   anchored = start(halfway)
   assert bool(anchored.reg.filled[0, 0])
   chex.assert_trees_all_equal(jax.tree.map(lambda a: a[:, 0], anchored.reg.anchor), anchored.params)
-  dense = train.make_train_block(step=train.DenseStep(spec, tx, halfway), **kwargs)
   fast = train.make_train_block(step=sparse.SparseStep(spec, sparse.SparseSGD(0.1, 1.0), halfway), **kwargs)
-  a, _ = dense(jax.tree.map(jnp.copy, anchored), x, y, sizes, 1)
+  a, _ = dense[halfway](jax.tree.map(jnp.copy, anchored), x, y, sizes, 1)
   b, b_metrics = fast(jax.tree.map(jnp.copy, anchored), x, y, sizes, 1)
   assert float(np.min(b_metrics.sparse_fraction)) == 1.0  # every step was the exact sparse step
   chex.assert_trees_all_close(a.params, b.params, atol=2e-6)
-  free, _ = train.make_train_block(step=train.DenseStep(spec, tx), **kwargs)(start(None), x, y, sizes, 1)
+  free, _ = dense[None](start(None), x, y, sizes, 1)
 
   def moved(states):  # distance of the next task's parameters from the anchor
     return sum(
