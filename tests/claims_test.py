@@ -209,6 +209,7 @@ def test_a_run_killed_with_sigkill_resumes_to_bitwise_the_same_result(tmp_path):
   resumed = _run(flags(tmp_path / "killed"), cache)
   _, err = resumed.communicate(timeout=300)
   assert resumed.returncode == 0 and "resuming from" in err, err[-3000:]
+  assert "6 of 20 evaluation blocks done" in err  # the epoch-6 checkpoint: epoch 7 is done again
   a, b = _final_state(tmp_path / "reference"), _final_state(tmp_path / "killed")
   assert a.keys() == b.keys() and "gaba_counts" in a
   for name in a:
