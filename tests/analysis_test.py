@@ -17,7 +17,7 @@ import pytest
 import sdm_jax
 from experiments.configs import split_mnist
 from sdm_jax import data as datasets
-from sdm_jax.engine import analysis, continual, metrics, models, networks
+from sdm_jax.engine import analysis, continual, metrics, models
 from sdm_jax.runs import final_state
 from experiments import schema
 
@@ -236,12 +236,17 @@ def test_readout_probe_scores_the_models_own_head_and_its_features():
   assert given == result  # the activations handed in are the ones it would compute
 
 
-@pytest.mark.slow  # numba compiles UMAP's kernels once (~10 s)
-def test_umap_puts_each_neuron_beside_the_data_it_addresses():
+@pytest.mark.slow  # numba compiles UMAP's kernels once a process (~10 s): one test, so one compile
+def test_umap_puts_each_neuron_beside_the_data_it_addresses_and_analyze_draws_it(tmp_path):
   """Two clusters of data and a neuron at each cluster's centre (plus rarely active neurons, dropped):
   in both embeddings (fitted on the weights, or on the data) each kept neuron lands nearer its own
-  cluster's data than the other's, so the figure shows which data each neuron serves."""
+  cluster's data than the other's, so the figure shows which data each neuron serves. Then the
+  analyze path that draws it (left out of the end-to-end test below, --no_umap, for time) with the
+  spec's fields as the layer now names them (the main job's suggested analyze command runs it). (Two
+  tests until now: each compiled UMAP's kernels in its own worker.)"""
+  pytest.importorskip("matplotlib")
   import umap  # noqa: F401  (the test extra installs umap-learn)
+  from experiments import analyze
 
   rng = np.random.default_rng(0)
   centres = np.zeros((2, 20))
@@ -260,6 +265,10 @@ def test_umap_puts_each_neuron_beside_the_data_it_addresses():
     assert d.shape == (120, 2) and w.shape == (len(kept), 2)
     to_cluster = np.stack([np.linalg.norm(w[:, None] - d[side == c][None], axis=-1).mean(1) for c in (0, 1)], 1)
     np.testing.assert_array_equal(to_cluster.argmin(1), kept >= 20, err_msg=fit.__name__)
+
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,), neurons=40)
+  report = analyze.analyze([str(sdm)], tmp_path / "out", max_examples=100, do_umap=True).read_text()
+  assert (tmp_path / "out" / "sdm_umap.png").is_file() and "](sdm_umap.png)" in report  # (k=10 of 40 fire per example)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -340,8 +349,10 @@ def test_analyze_cli_end_to_end(tmp_path):
   pytest.importorskip("matplotlib")
   from experiments import analyze
 
-  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp")
-  relu = _fake_workdir(tmp_path / "relu", "relu", seeds=(3,), with_state=False)
+  # 40 neurons and 100 examples: the shapes of the UMAP tests' analyze runs, so the test run's compilation cache
+  # (which the command line inherits) holds the statistics and probe programs for whichever runs second.
+  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", neurons=40)
+  relu = _fake_workdir(tmp_path / "relu", "relu", seeds=(3,), neurons=40, with_state=False)
   out = tmp_path / "out"
   proc = subprocess.run(
     [
@@ -351,7 +362,7 @@ def test_analyze_cli_end_to_end(tmp_path):
       f"--workdir={sdm}",
       f"--workdir={relu}",
       f"--out={out}",
-      "--max_examples=300",
+      "--max_examples=100",
       "--no_umap",
       "--note=runs made by the test",
     ],
@@ -379,7 +390,7 @@ def test_analyze_cli_end_to_end(tmp_path):
     assert f"]({png})" in report
   assert "no final_state.npz" in report and "--no_umap" in report
   assert "0.99" in report and "2.25" in report  # the paper's Table 10 values beside ours
-  assert "300 training examples" in report and "- runs made by the test" in report
+  assert "100 training examples" in report and "- runs made by the test" in report
   probe_table = report.split("## Features against the readout")[1].split("\n## ")[0]
   assert analyze.PROBE_NOTE in probe_table
   rows = [line for line in probe_table.splitlines() if line.startswith("| ") and not line.startswith("| run |")]
@@ -394,19 +405,6 @@ def test_analyze_cli_end_to_end(tmp_path):
   assert "| 5.0 ± 0.0% |" in next(line for line in report.splitlines() if line.startswith("| sdm |"))
   caption = next(line for line in report.splitlines() if line.startswith("Dead in training ("))
   assert "see 'Dead neurons' at the top" in caption
-
-
-@pytest.mark.slow
-def test_analyze_draws_the_umap_figure(tmp_path):
-  """The UMAP path (left out of the end-to-end test above, --no_umap, for time) with the spec's fields
-  as the layer now names them (the main job's suggested analyze command runs it)."""
-  pytest.importorskip("matplotlib")
-  pytest.importorskip("umap")
-  from experiments import analyze
-
-  sdm = _fake_workdir(tmp_path / "sdm", "sdmlp", seeds=(0,), neurons=40)
-  report = analyze.analyze([str(sdm)], tmp_path / "out", max_examples=100, do_umap=True).read_text()
-  assert (tmp_path / "out" / "sdm_umap.png").is_file() and "](sdm_umap.png)" in report  # (k=10 of 40 fire per example)
 
 
 def test_the_comparison_figure_names_the_data_set_and_its_one_task_level():
@@ -612,26 +610,6 @@ class ReluNet(nnx.Module):
     return self.out(nnx.relu(self.hidden(x)))
 
 
-@pytest.mark.slow  # (compiles the network's passes)
-def test_layer_statistics_read_each_sdm_layer_with_a_row_per_position():
-  """`analysis.layer_statistics` of a user network: per SDM layer, the counts of its a* (evaluation
-  mode) with each position a row labelled with its example's class, batch after batch."""
-  network = networks.network(lambda rngs: TwoSDMNet(rngs=rngs), input_shape=(16,))
-  params, counters = network.init(jax.random.key(0))
-  rng = np.random.default_rng(0)
-  x, y = rng.random((50, 16)).astype(np.float32), rng.integers(0, 10, 50)
-  stats = analysis.layer_statistics(network, params, counters, x, y, num_classes=10, batch_size=16)
-  assert [s.num_examples for s in stats] == [50, 200]  # head [B, 24]; patches [B, 4, 12]
-  for s, a_star in zip(stats, jax.jit(network.layer_activations)(params, counters, x)):
-    a_star = np.asarray(a_star)
-    rows = a_star.reshape(-1, a_star.shape[-1])
-    labels = np.repeat(y, len(rows) // 50)
-    np.testing.assert_array_equal(s.counts, analysis.activation_counts(rows, labels, 10))
-    np.testing.assert_allclose(s.activity_sum, rows.sum(0), rtol=1e-5)
-    assert s.active_per_example == pytest.approx((rows != 0).sum() / len(rows))
-  assert analysis.layer_positions(network, params, counters) == (1, 4)
-
-
 def _network_run(tmp_path, network: str, workdir: str):
   """A tiny run of this module's `network` (by import path) on `_embedding_file`'s features, 2 seeds."""
   from experiments import driver
@@ -671,14 +649,33 @@ def test_analyze_reports_each_sdm_layer_of_a_user_network_and_names_the_figures_
   dataset = datasets.load_embeddings(tmp_path / "data.npz")
   keep = analysis.balanced_subset(np.asarray(dataset["train_labels"]), 300, seed=0)
   x = jax.numpy.asarray(dataset["train_images"][keep], np.float32)
+  layer_activations = jax.jit(network.layer_activations)  # (one program: each seed's a* of every layer)
+  per_seed = [
+    layer_activations(*[jax.tree.map(lambda a: a[i], tree) for tree in (params, counters)], x)
+    for i in range(len(seeds))
+  ]
   for layer, (path, _) in enumerate(network.sdm_layers):
     alive = []
-    for i in range(len(seeds)):
-      one = [jax.tree.map(lambda a: a[i], tree) for tree in (params, counters)]
-      a_star = np.asarray(jax.jit(network.layer_activations)(*one, x)[layer])
+    for a_stars in per_seed:
+      a_star = np.asarray(a_stars[layer])
       alive.append(np.mean((a_star != 0).reshape(-1, a_star.shape[-1]).any(0)))
     cell = rows[f"sdm · {path}"]["alive (≥ 1 activation ≠ 0)"]
     assert cell == f"{100 * np.mean(alive):.1f} ± {100 * np.std(alive, ddof=1) / np.sqrt(2):.1f}%", path
+  # `analysis.layer_statistics`, which the table reads: per SDM layer, the counts of its a* (evaluation mode)
+  # with each position a row labelled with its example's class, batch after batch (the last one partial).
+  # (Its own test until now, on an untrained TwoSDMNet: the same passes, compiled once more.)
+  y = np.asarray(dataset["train_labels"])[keep].astype(int)
+  seed_0 = [jax.tree.map(lambda a: a[0], tree) for tree in (params, counters)]
+  stats = analysis.layer_statistics(network, *seed_0, np.asarray(x), y, num_classes=10, batch_size=16)
+  assert [s.num_examples for s in stats] == [300, 1200]  # head [B, 24]; patches [B, 4, 12]
+  for s, a_star in zip(stats, per_seed[0], strict=True):
+    a_star = np.asarray(a_star)
+    layer_rows = a_star.reshape(-1, a_star.shape[-1])
+    labels = np.repeat(y, len(layer_rows) // 300)
+    np.testing.assert_array_equal(s.counts, analysis.activation_counts(layer_rows, labels, 10))
+    np.testing.assert_allclose(s.activity_sum, layer_rows.sum(0), rtol=1e-5)
+    assert s.active_per_example == pytest.approx((layer_rows != 0).sum() / len(layer_rows))
+  assert analysis.layer_positions(network, *seed_0) == (1, 4)
   assert rows["sdm · patches"]["active neurons per example"].startswith("3.0 ")  # k=3 of 12 at each position
 
   legend = [t.get_text() for t in saved_figures["activation_count_histogram.png"].axes[0].get_legend().get_texts()]
