@@ -83,10 +83,14 @@ def _snapshot(root: pathlib.Path) -> dict:
   return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
+# A refusal compares configs and writes nothing, whatever the run's size: 300 digits a class (600 a task).
+REFUSED_BASE = dict(train_per_class=300)
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("finished") / "run"
-  driver.train_and_evaluate(_tiny(), workdir)
+  driver.train_and_evaluate(_tiny(**REFUSED_BASE), workdir)
   return workdir
 
 
@@ -103,13 +107,13 @@ def test_a_refused_rerun_leaves_the_workdir_byte_for_byte(finished_run, tmp_path
     (workdir / "final_state.npz").unlink()
   before = _snapshot(workdir)
   with pytest.raises(ValueError, match=r"refusing .*" + field.replace(".", r"\.")):
-    driver.train_and_evaluate(_tiny(**{field: value}), workdir)
+    driver.train_and_evaluate(_tiny(**REFUSED_BASE, **{field: value}), workdir)
   assert _snapshot(workdir) == before
   if killed:  # without config.json the checkpoints' own config refuses it, still writing nothing
     (workdir / "config.json").unlink()
     before = _snapshot(workdir)
     with pytest.raises(ValueError, match=r"refusing to resume .*" + field.replace(".", r"\.")):
-      driver.train_and_evaluate(_tiny(**{field: value}), workdir)
+      driver.train_and_evaluate(_tiny(**REFUSED_BASE, **{field: value}), workdir)
     assert _snapshot(workdir) == before
 
 
@@ -206,8 +210,14 @@ def test_per_seed_class_orders(tmp_path):
 @pytest.mark.slow
 def test_sparse_step_takes_over_after_the_switch_and_changes_nothing(tmp_path, caplog, on_cpu):
   """train_step='auto' switches to the sparse step once few units fire; same numbers as 'dense'.
-  (The sparse step is a CPU path: on the CPU device on every host.)"""
-  overrides = {"seeds": (0, 1), "eval_every": 1, "epochs_per_task": 2, "model.k_schedule": "flat"}
+  (The sparse step is a CPU path: on the CPU device on every host. Equality at any size: 600 digits a class.)"""
+  overrides = {
+    "seeds": (0, 1),
+    "eval_every": 1,
+    "epochs_per_task": 2,
+    "train_per_class": 600,
+    "model.k_schedule": "flat",
+  }
   auto = driver.train_and_evaluate(_tiny(**overrides), tmp_path / "auto")
   assert "continuing with the sparse SGD step" in caplog.text
   caplog.clear()
@@ -310,8 +320,9 @@ def test_gaba_t_from_epochs_and_a_warning_when_the_switch_is_incomplete(tmp_path
   rows = metric_writers.read_rows(tmp_path / "epochs" / "metrics.csv")
   end_of_task_1 = [c for c in rows if c["task"] == 0 and c["seed"] == results["per_seed"][0]["seed"]][-1]
   assert end_of_task_1["gaba_lambda_mean"] > 0.9
-  # The quick default T (500K) on 2 epochs per task: never switches, and every task end says so.
-  config = _tiny(epochs_per_task=2, **{"model.gaba_switch_activations": 5e5})
+  # The quick default T (500K) on 2 epochs per task: never switches, and every task end says so (on
+  # 300 digits a class, as on all of them: T is a count, not tied to the data's size).
+  config = _tiny(epochs_per_task=2, train_per_class=300, **{"model.gaba_switch_activations": 5e5})
   results = driver.train_and_evaluate(config, tmp_path / "counts")
   assert len(results["warnings"]) == 5 and all("GABA switch incomplete" in w for w in results["warnings"])
   assert "model.gaba_switch_epochs" in results["warnings"][0]
@@ -387,14 +398,21 @@ def test_a_population_is_its_members_run_one_by_one_and_compiles_once(tmp_path, 
 def test_a_population_with_per_seed_class_orders_trains_each_member_on_its_seeds_order(tmp_path):
   """λ (2 values) x seeds 3, 97 with class_order='by_seed': the grid points share one data row per
   seed (`continual.Tasks.repeats`), and each member equals its own run (<= 1e-5 on CPU)."""
-  config = _tiny("ewc", seeds=(3, 97), class_order="by_seed", **{"population.regularizer.strength": (30.0, 3000.0)})
+  # (equality at any size: 300 digits a class)
+  config = _tiny(
+    "ewc",
+    seeds=(3, 97),
+    class_order="by_seed",
+    train_per_class=300,
+    **{"population.regularizer.strength": (30.0, 3000.0)},
+  )
   tasks = schema.build_tasks(config)
   assert tasks.repeats == 2 and tasks.train_x.shape[0] == 2
   results = driver.train_and_evaluate(config, tmp_path / "population")
   orders = [m["class_order"][:2] for m in results["per_seed"]]
   assert orders == [[5, 4], [7, 1], [5, 4], [7, 1]]
   for member, (strength, seed) in [(1, (30.0, 97)), (2, (3000.0, 3))]:
-    alone = _tiny("ewc", seeds=(seed,), class_order="by_seed")
+    alone = _tiny("ewc", seeds=(seed,), class_order="by_seed", train_per_class=300)
     alone.regularizer.strength = strength
     alone = driver.train_and_evaluate(alone, tmp_path / f"alone{member}")
     np.testing.assert_allclose(results["per_seed"][member]["acc_matrix"], alone["per_seed"][0]["acc_matrix"], atol=1e-5)
@@ -433,7 +451,16 @@ def test_a_population_of_an_unregularised_run_or_another_field_is_refused(tmp_pa
   assert not any((tmp_path / name).exists() for name in "abcd")
 
 
-POPULATION_BASE = dict(seeds=(4,), eval_every=1, checkpoint_every_epochs=1000, epochs_per_task=2)
+# Bitwise equality holds at any size: 600 digits a class (1,200 a task), T 1.5 epochs of task 1, so
+# that the switch completes within task 1 as at `tiny` on all of MNIST (T 20,000 of 25,330 digits).
+POPULATION_BASE = {
+  "seeds": (4,),
+  "eval_every": 1,
+  "checkpoint_every_epochs": 1000,
+  "epochs_per_task": 2,
+  "train_per_class": 600,
+  "model.gaba_switch_epochs": 1.5,
+}
 
 
 @pytest.fixture(scope="module")
