@@ -37,6 +37,7 @@ def test_a_run_from_the_command_line_logs_no_tpu_probe_and_no_nan_rate(tmp_path)
     "--config=experiments/configs/split_mnist.py:sdmlp,tiny",
     "--config.model.neurons=32",
     "--config.epochs_per_task=1",
+    "--config.train_per_class=300",  # (five blocks, whatever their size: the rate is from the second on)
     f"--workdir={tmp_path}",
   ]
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -151,7 +152,7 @@ def test_a_second_run_on_a_live_runs_workdir_is_refused_and_the_first_finishes_a
 
   And issue 39, on the run alone's log: the workdir was named only on the last line, and analyze
   never suggested; now the first line names the workdir and the last one the analyze command."""
-  flags = [*TINY, "--config.epochs_per_task=1"]
+  flags = [*TINY, "--config.epochs_per_task=1", "--config.train_per_class=300"]  # (the lock, not the size)
   shared, alone = tmp_path / "shared", tmp_path / "alone"
   runs = [
     subprocess.Popen(_command(*flags, f"--workdir={w}"), cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)

@@ -18,6 +18,7 @@ def _configs():
   sdmlp.model.neurons = 100
   for config in (fly, sdmlp):
     config.seeds = (0, 1)
+    config.train_per_class = 300  # (a table's bookkeeping does not depend on the data's size)
   return {"flymodel": fly, "sdmlp": sdmlp}
 
 
