@@ -53,8 +53,7 @@ def test_fit_is_the_configured_run_on_the_same_arrays(tmp_path, sparse_blocks):
   """`fit` and `driver.train_and_evaluate` drive the same loop, with the same step policy (the sparse
   step after the switch, the fused dense step during it): equal accuracy matrices and curves. On
   the first 300 training digits of each class (`train_per_class`, the arrays `fit` is given), with
-  T one epoch of task 1, so that both runs switch in task 1 and take sparse blocks after it. (mlp_test's
-  final-state test trains this configuration too: the compilation cache serves whichever runs second.)"""
+  T one epoch of task 1, so that both runs switch in task 1 and take sparse blocks after it."""
   ran_sparse = sparse_blocks
   config = split_mnist.get_config("sdmlp,tiny")
   config.model.neurons, config.epochs_per_task, config.eval_every, config.seeds = 40, 2, 1, (0, 1)
