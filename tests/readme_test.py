@@ -103,8 +103,8 @@ def test_the_main_job_runs_as_written_and_ends_where_the_readme_says(tmp_path):
   The final accuracy is the README's to what another CPU's rounding moves (0.4423 to 0.4458); on the
   pinned stack its metrics.csv is byte for byte the pinned one of the CPU's vector extension. The
   analyze command runs with --no_umap added: its two UMAP fits on 10,000 examples are most of its
-  time, and analysis_test draws the UMAP figure through the same code (test_analyze_draws_the_umap_figure,
-  test_umap_puts_each_neuron_beside_the_data_it_addresses)."""
+  time, and analysis_test draws the UMAP figure through the same code
+  (test_umap_puts_each_neuron_beside_the_data_it_addresses_and_analyze_draws_it)."""
   command = shlex.split(MAIN_JOB.split(" && ")[-1].replace("/tmp/sdm_jax/split_mnist", str(tmp_path / "run")))
   done = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
