@@ -111,7 +111,10 @@ def test_cached_blocks_equal_uncached_through_a_task_boundary_and_a_resume(regul
   kwargs = dict(batch_size=32, epochs=2, seed_axis_data=False)
   sgd = sparse.SparseSGD(0.1, 1.0, kernel=kernel)
   plain = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer), **kwargs)
-  cached = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer, cache_bytes=1 << 22), **kwargs)
+  # A budget of 1 MiB holds one model's cache (200 x 1000 x 4 B), kept inside the block: the budget
+  # `ONE` of the block-to-block test below, whose EWC blocks are then this test's [ffi-ewc] programs
+  # (loaded from the session's compilation cache by whichever of the two runs second).
+  cached = train.make_train_block(step=sparse.SparseStep(spec, sgd, regularizer, cache_bytes=1 << 20), **kwargs)
   end_task = train.make_end_task(spec=spec, regularizer=regularizer, seed_axis_data=False) if regularizer else None
 
   def start():
