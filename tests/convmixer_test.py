@@ -113,7 +113,9 @@ def test_forward_shapes_embedding_before_head():
   np.testing.assert_allclose(logits, emb @ head["kernel"] + head["bias"], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("k", [3, 4, 5])
+# An even kernel (its extra pad at the end) and an odd one (symmetric pads: 3 runs the same code as 5,
+# the reference's kernel).
+@pytest.mark.parametrize("k", [4, 5])
 @pytest.mark.slow
 def test_depthwise_conv_equals_grouped_conv(k):
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 6))
