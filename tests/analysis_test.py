@@ -242,8 +242,8 @@ def test_umap_puts_each_neuron_beside_the_data_it_addresses_and_analyze_draws_it
   in both embeddings (fitted on the weights, or on the data) each kept neuron lands nearer its own
   cluster's data than the other's, so the figure shows which data each neuron serves. Then the
   analyze path that draws it (left out of the end-to-end test below, --no_umap, for time) with the
-  spec's fields as the layer now names them (the main job's suggested analyze command runs it). (Two
-  tests until now: each compiled UMAP's kernels in its own worker.)"""
+  spec's fields as the layer now names them (the main job's suggested analyze command runs it). One test,
+  so that numba compiles UMAP's kernels once."""
   pytest.importorskip("matplotlib")
   import umap  # noqa: F401  (the test extra installs umap-learn)
   from experiments import analyze
@@ -663,7 +663,6 @@ def test_analyze_reports_each_sdm_layer_of_a_user_network_and_names_the_figures_
     assert cell == f"{100 * np.mean(alive):.1f} ± {100 * np.std(alive, ddof=1) / np.sqrt(2):.1f}%", path
   # `analysis.layer_statistics`, which the table reads: per SDM layer, the counts of its a* (evaluation mode)
   # with each position a row labelled with its example's class, batch after batch (the last one partial).
-  # (Its own test until now, on an untrained TwoSDMNet: the same passes, compiled once more.)
   y = np.asarray(dataset["train_labels"])[keep].astype(int)
   seed_0 = [jax.tree.map(lambda a: a[0], tree) for tree in (params, counters)]
   stats = analysis.layer_statistics(network, *seed_0, np.asarray(x), y, num_classes=10, batch_size=16)

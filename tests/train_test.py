@@ -61,8 +61,8 @@ def test_one_compile_across_tasks_epochs_and_k_annealing():
 @pytest.mark.slow
 def test_vmapped_seeds_equal_single_seed_runs_and_both_seed_loops_agree():
   """Two seeds as one program equal each seed's own run (a third seed took the same path again), and
-  lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training. (Two tests
-  until now, each compiling its own 2-seed block of this model: one 2-seed block per loop here.)"""
+  lax.map (CPU default) and vmap (GPU/TPU default) over seeds compute the same training. One
+  2-seed block per seed loop serves both claims."""
   tasks = _mnist_tasks()
   spec = models.sdmlp(784, 48, 10, k=3, switch_activations=2000.0)
   tx = _setup(spec)
